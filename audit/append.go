@@ -1,0 +1,193 @@
+package audit
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"golang.org/x/mod/sumdb/tlog"
+)
+
+// Append writes r as the next row in its own transaction and returns its
+// seq once it is durable. Any error means the row must be treated as not
+// written and the caller should refuse the action. If the row was written
+// but the checkpoint it triggered failed, Append returns the seq and the
+// checkpoint error.
+func (l *Log) Append(ctx context.Context, r Record) (int64, error) {
+	rec, err := normalise(r)
+	if err != nil {
+		return 0, err
+	}
+	if err := l.lock(ctx); err != nil {
+		return 0, err
+	}
+	defer l.unlock()
+	if l.closed {
+		return 0, ErrClosed
+	}
+	// Timestamps never go backwards, so Verify can check order.
+	now := l.opts.Now().UTC()
+	if now.Before(l.lastTS) {
+		now = l.lastTS
+	}
+	ts := now.Format(time.RFC3339Nano)
+	seq := l.lastSeq + 1
+	b, err := marshalBody(bodyFor(seq, ts, l.opts.Keys.KeyID, rec))
+	if err != nil {
+		return 0, fmt.Errorf("audit: encode row: %w", err)
+	}
+	leaf := leafHash(b)
+	mac := computeMAC(l.opts.Keys.HMACKey, seq, l.lastMAC, leaf)
+	if err := l.insert(ctx, seq, ts, rec, b, leaf, mac); err != nil {
+		// Resynchronise in case the commit outcome is unknown; the chain
+		// trigger rejects anything that does not follow the stored tail.
+		if rerr := l.loadState(context.WithoutCancel(ctx)); rerr != nil {
+			err = errors.Join(err, rerr)
+		}
+		return 0, err
+	}
+	l.lastSeq, l.lastMAC, l.lastTS = seq, mac, now
+	if seq-l.cpSize >= int64(l.opts.CheckpointEvery) {
+		if err := l.checkpointLocked(ctx); err != nil {
+			return seq, err
+		}
+	}
+	return seq, nil
+}
+
+func (l *Log) insert(ctx context.Context, seq int64, ts string, r Record, body []byte, leaf tlog.Hash, mac []byte) error {
+	tx, err := l.db.BeginTx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("audit: begin: %w", err)
+	}
+	defer tx.Rollback()
+	_, err = tx.ExecContext(ctx, `INSERT INTO audit(seq, ts, call_id, phase, principal, tool, params,
+		outcome, error_code, duration_ms, leaf, prev_mac, mac, kid)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+		seq, ts, r.CallID, string(r.Phase), r.Principal, r.Tool, string(r.Params),
+		string(r.Outcome), r.ErrorCode, r.DurationMS, leaf[:], l.lastMAC, mac, l.opts.Keys.KeyID)
+	if err != nil {
+		return fmt.Errorf("audit: insert seq %d: %w", seq, err)
+	}
+	hashes, err := tlog.StoredHashes(seq-1, body, hashReader{ctx: ctx, q: tx})
+	if err != nil {
+		return fmt.Errorf("audit: tree hashes: %w", err)
+	}
+	base := tlog.StoredHashIndex(0, seq-1)
+	for i, h := range hashes {
+		if _, err := tx.ExecContext(ctx, "INSERT INTO audit_tree(idx, hash) VALUES (?, ?)", base+int64(i), h[:]); err != nil {
+			return fmt.Errorf("audit: insert tree hash: %w", err)
+		}
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("audit: commit seq %d: %w", seq, err)
+	}
+	return nil
+}
+
+// Checkpoint signs the current tree head and appends it to the checkpoint
+// file. It is a no-op when no row was added since the last checkpoint.
+func (l *Log) Checkpoint(ctx context.Context) error {
+	if err := l.lock(ctx); err != nil {
+		return err
+	}
+	defer l.unlock()
+	if l.closed {
+		return ErrClosed
+	}
+	return l.checkpointLocked(ctx)
+}
+
+func (l *Log) checkpointLocked(ctx context.Context) error {
+	l.cpErr = l.writeCheckpoint(ctx)
+	return l.cpErr
+}
+
+func (l *Log) writeCheckpoint(ctx context.Context) error {
+	n := l.lastSeq
+	if n == l.cpSize {
+		return nil
+	}
+	root, err := tlog.TreeHash(n, hashReader{ctx: ctx, q: l.db})
+	if err != nil {
+		return fmt.Errorf("audit: tree hash: %w", err)
+	}
+	msg, err := signCheckpoint(l.opts.Keys.Signer, n, root)
+	if err != nil {
+		return fmt.Errorf("audit: sign checkpoint: %w", err)
+	}
+	if err := appendCheckpoint(l.opts.CheckpointPath, msg); err != nil {
+		return err
+	}
+	l.cpSize = n
+	return nil
+}
+
+// Ping reports whether the log can still be written: it fails when the log
+// is closed, the database is unreachable, its tail is not the one this Log
+// wrote, or the last checkpoint failed.
+func (l *Log) Ping(ctx context.Context) error {
+	if err := l.lock(ctx); err != nil {
+		return err
+	}
+	defer l.unlock()
+	if l.closed {
+		return ErrClosed
+	}
+	var last int64
+	if err := l.db.QueryRowContext(ctx, "SELECT coalesce(max(seq), 0) FROM audit").Scan(&last); err != nil {
+		return fmt.Errorf("audit: ping: %w", err)
+	}
+	if last != l.lastSeq {
+		return fmt.Errorf("%w: last seq is %d, expected %d", ErrIntegrity, last, l.lastSeq)
+	}
+	return l.cpErr
+}
+
+// Close writes a final checkpoint, stops the timer and closes the database.
+// Calling it again returns nil.
+func (l *Log) Close() error {
+	l.stopOnce.Do(func() { close(l.stop) })
+	<-l.done
+	l.sem <- struct{}{}
+	defer l.unlock()
+	if l.closed {
+		return nil
+	}
+	l.closed = true
+	return errors.Join(l.checkpointLocked(context.Background()), l.db.Close())
+}
+
+// startTimer runs timed checkpoints until Close.
+func (l *Log) startTimer() {
+	tick := l.opts.tick
+	var ticker *time.Ticker
+	if tick == nil && l.opts.CheckpointInterval > 0 {
+		ticker = time.NewTicker(l.opts.CheckpointInterval)
+		tick = ticker.C
+	}
+	go func() {
+		defer close(l.done)
+		if ticker != nil {
+			defer ticker.Stop()
+		}
+		if tick == nil {
+			<-l.stop
+			return
+		}
+		for {
+			select {
+			case <-l.stop:
+				return
+			case <-tick:
+				ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+				err := l.Checkpoint(ctx)
+				cancel()
+				if l.opts.tickDone != nil {
+					l.opts.tickDone <- err
+				}
+			}
+		}
+	}()
+}

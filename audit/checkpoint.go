@@ -1,0 +1,150 @@
+package audit
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"golang.org/x/mod/sumdb/note"
+	"golang.org/x/mod/sumdb/tlog"
+)
+
+// Origin is the first line of every checkpoint.
+const Origin = KeyName
+
+// checkpoint is one parsed entry of the checkpoint file.
+type checkpoint struct {
+	Size int64
+	Root tlog.Hash
+	Msg  []byte // the whole signed note
+}
+
+// checkpointText is the C2SP tlog-checkpoint body.
+func checkpointText(size int64, root tlog.Hash) string {
+	return fmt.Sprintf("%s\n%d\n%s\n", Origin, size, base64.StdEncoding.EncodeToString(root[:]))
+}
+
+func signCheckpoint(s note.Signer, size int64, root tlog.Hash) ([]byte, error) {
+	return note.Sign(&note.Note{Text: checkpointText(size, root)}, s)
+}
+
+// parseCheckpointText parses the note text (after signature checking).
+func parseCheckpointText(text string) (int64, tlog.Hash, error) {
+	var h tlog.Hash
+	lines := strings.SplitN(text, "\n", 4)
+	if len(lines) < 4 || lines[0] != Origin {
+		return 0, h, errors.New("bad origin")
+	}
+	size, err := strconv.ParseInt(lines[1], 10, 64)
+	if err != nil || size < 0 || strconv.FormatInt(size, 10) != lines[1] {
+		return 0, h, errors.New("bad size")
+	}
+	root, err := base64.StdEncoding.DecodeString(lines[2])
+	if err != nil || len(root) != len(h) {
+		return 0, h, errors.New("bad root")
+	}
+	copy(h[:], root)
+	return size, h, nil
+}
+
+// splitNotes splits the checkpoint file into signed notes. Each note is
+// written followed by one blank line, so a note is: text lines up to a blank
+// line, then signature lines ("— ...") up to the next blank line or EOF.
+func splitNotes(data []byte) [][]byte {
+	var notes [][]byte
+	var cur bytes.Buffer
+	inSigs := false
+	sc := bufio.NewScanner(bytes.NewReader(data))
+	sc.Buffer(make([]byte, 0, 4096), 1<<20)
+	flush := func() {
+		if cur.Len() > 0 {
+			notes = append(notes, bytes.Clone(cur.Bytes()))
+		}
+		cur.Reset()
+		inSigs = false
+	}
+	for sc.Scan() {
+		line := sc.Text()
+		switch {
+		case line == "" && inSigs:
+			flush()
+		case line == "" && cur.Len() == 0:
+			// stray blank line between notes
+		case line == "":
+			cur.WriteString("\n")
+			inSigs = true
+		default:
+			cur.WriteString(line + "\n")
+		}
+	}
+	flush()
+	return notes
+}
+
+// readCheckpoints reads and verifies every checkpoint. A missing file is no
+// checkpoints. Bad entries are reported by index (1-based) via badIndex and
+// problem; err is only for I/O.
+func readCheckpoints(path string, v note.Verifier) (cps []checkpoint, badIndex int, problem string, err error) {
+	data, err := os.ReadFile(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, 0, "", nil
+	}
+	if err != nil {
+		return nil, 0, "", fmt.Errorf("audit: read checkpoints: %w", err)
+	}
+	for i, msg := range splitNotes(data) {
+		n, err := note.Open(msg, note.VerifierList(v))
+		if err != nil {
+			var inv *note.InvalidSignatureError
+			var unk *note.UnknownVerifierError
+			var unv *note.UnverifiedNoteError
+			switch {
+			case errors.As(err, &inv), errors.As(err, &unk), errors.As(err, &unv):
+				return cps, i + 1, fmt.Sprintf("checkpoint signature invalid (checkpoint %d)", i+1), nil
+			default:
+				return cps, i + 1, fmt.Sprintf("checkpoint malformed (checkpoint %d)", i+1), nil
+			}
+		}
+		size, root, err := parseCheckpointText(n.Text)
+		if err != nil {
+			return cps, i + 1, fmt.Sprintf("checkpoint malformed (checkpoint %d: %v)", i+1, err), nil
+		}
+		if len(cps) > 0 && size < cps[len(cps)-1].Size {
+			return cps, i + 1, fmt.Sprintf("checkpoint sizes out of order (checkpoint %d)", i+1), nil
+		}
+		cps = append(cps, checkpoint{Size: size, Root: root, Msg: msg})
+	}
+	return cps, 0, "", nil
+}
+
+// appendCheckpoint appends one signed note plus a blank separator line and
+// fsyncs, so a checkpoint never claims rows that are not yet durable: the
+// caller only writes checkpoints for committed rows.
+func appendCheckpoint(path string, msg []byte) error {
+	_, statErr := os.Stat(path)
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)
+	if err != nil {
+		return fmt.Errorf("audit: open checkpoints: %w", err)
+	}
+	_, err = f.Write(append(bytes.Clone(msg), '\n'))
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("audit: write checkpoint %s: %w", path, err)
+	}
+	if errors.Is(statErr, fs.ErrNotExist) {
+		return syncDir(filepath.Dir(path))
+	}
+	return nil
+}

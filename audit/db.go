@@ -1,0 +1,177 @@
+package audit
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"io/fs"
+	"net/url"
+	"os"
+	"path/filepath"
+
+	_ "modernc.org/sqlite" // registers driver "sqlite"
+)
+
+// schemaVersion is stored in PRAGMA user_version.
+const schemaVersion = 1
+
+// schema is idempotent. The chain trigger also blocks INSERT OR REPLACE
+// (its seq is never max+1), and recursive_triggers=ON on every connection
+// makes REPLACE's implicit delete hit audit_no_delete as well.
+var schema = []string{
+	`CREATE TABLE IF NOT EXISTS audit(
+		seq INTEGER PRIMARY KEY,
+		ts TEXT NOT NULL,
+		call_id TEXT NOT NULL,
+		phase TEXT NOT NULL,
+		principal TEXT NOT NULL,
+		tool TEXT NOT NULL,
+		params TEXT NOT NULL,
+		outcome TEXT NOT NULL,
+		error_code TEXT NOT NULL,
+		duration_ms INTEGER NOT NULL,
+		leaf BLOB NOT NULL,
+		prev_mac BLOB NOT NULL,
+		mac BLOB NOT NULL,
+		kid TEXT NOT NULL
+	) STRICT`,
+	`CREATE TRIGGER IF NOT EXISTS audit_no_update BEFORE UPDATE ON audit
+		BEGIN SELECT RAISE(ABORT, 'audit is append-only'); END`,
+	`CREATE TRIGGER IF NOT EXISTS audit_no_delete BEFORE DELETE ON audit
+		BEGIN SELECT RAISE(ABORT, 'audit is append-only'); END`,
+	`CREATE TRIGGER IF NOT EXISTS audit_chain BEFORE INSERT ON audit
+		WHEN NEW.seq IS NOT (SELECT coalesce(max(seq), 0) + 1 FROM audit)
+		  OR NEW.prev_mac IS NOT coalesce((SELECT mac FROM audit ORDER BY seq DESC LIMIT 1), zeroblob(32))
+		BEGIN SELECT RAISE(ABORT, 'audit chain violation'); END`,
+	// Stored Merkle hashes (tlog.StoredHashes layout) keep appends and
+	// checkpoints O(log n). Derived data: Verify never trusts it.
+	`CREATE TABLE IF NOT EXISTS audit_tree(
+		idx INTEGER PRIMARY KEY,
+		hash BLOB NOT NULL
+	) STRICT`,
+	`CREATE TRIGGER IF NOT EXISTS audit_tree_no_update BEFORE UPDATE ON audit_tree
+		BEGIN SELECT RAISE(ABORT, 'audit_tree is append-only'); END`,
+	`CREATE TRIGGER IF NOT EXISTS audit_tree_no_delete BEFORE DELETE ON audit_tree
+		BEGIN SELECT RAISE(ABORT, 'audit_tree is append-only'); END`,
+	`CREATE TRIGGER IF NOT EXISTS audit_tree_dense BEFORE INSERT ON audit_tree
+		WHEN NEW.idx IS NOT (SELECT coalesce(max(idx), -1) + 1 FROM audit_tree)
+		BEGIN SELECT RAISE(ABORT, 'audit_tree order violation'); END`,
+}
+
+// fileURI turns a path into an escaped SQLite file: URI so that characters
+// such as '?' or '#' in the path cannot inject URI parameters.
+func fileURI(path string, params url.Values) (string, error) {
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return "", fmt.Errorf("audit: %s: %w", path, err)
+	}
+	u := url.URL{Scheme: "file", Path: filepath.ToSlash(abs), OmitHost: true}
+	// url.Values.Encode escapes '(' and ')'; SQLite and the driver both
+	// decode the query, so that is harmless.
+	return u.String() + "?" + params.Encode(), nil
+}
+
+// openWriter opens the single writer connection.
+func openWriter(ctx context.Context, path string) (*sql.DB, error) {
+	// Create the file ourselves so it starts at 0600; SQLite gives the -wal
+	// and -shm files the database file's permissions.
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("audit: open %s: %w", path, err)
+	}
+	err = f.Chmod(0o600)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return nil, fmt.Errorf("audit: chmod %s: %w", path, err)
+	}
+	q := url.Values{}
+	q.Add("_pragma", "recursive_triggers(1)")
+	q.Add("_pragma", "trusted_schema(0)")
+	q.Set("_journal_mode", "WAL")
+	q.Set("_synchronous", "FULL")
+	q.Set("_busy_timeout", "5000")
+	q.Set("_txlock", "immediate")
+	q.Set("_defensive", "1")
+	q.Set("mode", "rw")
+	dsn, err := fileURI(path, q)
+	if err != nil {
+		return nil, err
+	}
+	db, err := sql.Open("sqlite", dsn)
+	if err != nil {
+		return nil, fmt.Errorf("audit: open %s: %w", path, err)
+	}
+	db.SetMaxOpenConns(1)
+	db.SetMaxIdleConns(1)
+	db.SetConnMaxLifetime(0)
+	db.SetConnMaxIdleTime(0)
+	if err := createSchema(ctx, db); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("audit: %s: %w", path, err)
+	}
+	return db, nil
+}
+
+func createSchema(ctx context.Context, db *sql.DB) error {
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback()
+	var v int
+	if err := tx.QueryRowContext(ctx, "PRAGMA user_version").Scan(&v); err != nil {
+		return err
+	}
+	if v != 0 && v != schemaVersion {
+		return fmt.Errorf("unsupported audit schema version %d", v)
+	}
+	for _, s := range schema {
+		if _, err := tx.ExecContext(ctx, s); err != nil {
+			return err
+		}
+	}
+	if v == 0 {
+		// PRAGMA takes no bound parameters; the value is a constant.
+		if _, err := tx.ExecContext(ctx, fmt.Sprintf("PRAGMA user_version = %d", schemaVersion)); err != nil {
+			return err
+		}
+	}
+	return tx.Commit()
+}
+
+// errNoDB reports a missing database file to read-only callers.
+var errNoDB = errors.New("audit: database does not exist")
+
+// openReader opens path read-only (mode=ro plus query_only), never creating
+// or modifying it.
+func openReader(ctx context.Context, path string) (*sql.DB, error) {
+	if _, err := os.Stat(path); err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil, fmt.Errorf("%w: %s", errNoDB, path)
+		}
+		return nil, fmt.Errorf("audit: %w", err)
+	}
+	q := url.Values{}
+	q.Set("mode", "ro")
+	q.Add("_pragma", "recursive_triggers(1)")
+	q.Add("_pragma", "trusted_schema(0)")
+	q.Set("_query_only", "1")
+	q.Set("_busy_timeout", "5000")
+	dsn, err := fileURI(path, q)
+	if err != nil {
+		return nil, err
+	}
+	db, err := sql.Open("sqlite", dsn)
+	if err != nil {
+		return nil, fmt.Errorf("audit: open %s: %w", path, err)
+	}
+	db.SetMaxOpenConns(1)
+	if err := db.PingContext(ctx); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("audit: open %s: %w", path, err)
+	}
+	return db, nil
+}

@@ -1,0 +1,227 @@
+package audit
+
+import (
+	"context"
+	"crypto/hmac"
+	"database/sql"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"golang.org/x/mod/sumdb/tlog"
+)
+
+// Errors callers may test with errors.Is.
+var (
+	// ErrClosed is returned by operations on a closed Log.
+	ErrClosed = errors.New("audit: log is closed")
+	// ErrIntegrity means Open found the log inconsistent with its own MACs or
+	// with its signed checkpoints; run Verify for details.
+	ErrIntegrity = errors.New("audit: integrity check failed")
+)
+
+// Options configures Open.
+type Options struct {
+	Path               string        // e.g. <root>/audit.db
+	CheckpointPath     string        // e.g. <root>/audit.checkpoints
+	Keys               Keys          // needs HMACKey, Signer and Verifier
+	CheckpointEvery    int           // rows between checkpoints; default 256
+	CheckpointInterval time.Duration // default time.Minute; < 0 disables the timer
+	Now                func() time.Time
+
+	// Test hooks: replace the ticker and observe each timed checkpoint.
+	tick     <-chan time.Time
+	tickDone chan<- error
+}
+
+// Log is an open audit log. It is safe for concurrent use.
+type Log struct {
+	db   *sql.DB
+	opts Options
+
+	// sem serialises writers; a channel so waiting honours ctx.
+	sem chan struct{}
+	// Guarded by sem.
+	closed  bool
+	lastSeq int64
+	lastMAC []byte
+	lastTS  time.Time
+	cpSize  int64
+	cpErr   error // last checkpoint failure, surfaced by Ping
+
+	stopOnce sync.Once
+	stop     chan struct{}
+	done     chan struct{}
+}
+
+// Open opens or creates the log. It refuses (ErrIntegrity) a log whose last
+// row does not verify, whose last checkpoint does not verify, is larger than
+// the row count, or whose root at that size differs.
+func Open(ctx context.Context, opts Options) (*Log, error) {
+	if opts.Path == "" || opts.CheckpointPath == "" {
+		return nil, errors.New("audit: Path and CheckpointPath are required")
+	}
+	if len(opts.Keys.HMACKey) < minHMACKey {
+		return nil, fmt.Errorf("audit: HMAC key must be at least %d bytes", minHMACKey)
+	}
+	if opts.Keys.Signer == nil || opts.Keys.Verifier == nil {
+		return nil, errors.New("audit: checkpoint Signer and Verifier are required")
+	}
+	if opts.Keys.KeyID == "" {
+		opts.Keys.KeyID = keyID(opts.Keys.HMACKey)
+	}
+	if opts.CheckpointEvery <= 0 {
+		opts.CheckpointEvery = 256
+	}
+	if opts.CheckpointInterval == 0 {
+		opts.CheckpointInterval = time.Minute
+	}
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+
+	// Checkpoints first: any checkpoint in the file covers committed rows.
+	cps, _, problem, err := readCheckpoints(opts.CheckpointPath, opts.Keys.Verifier)
+	if err != nil {
+		return nil, err
+	}
+	if problem != "" {
+		return nil, fmt.Errorf("%w: %s: %s", ErrIntegrity, opts.CheckpointPath, problem)
+	}
+	db, err := openWriter(ctx, opts.Path)
+	if err != nil {
+		return nil, err
+	}
+	l := &Log{db: db, opts: opts, sem: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
+	if err := l.loadState(ctx); err != nil {
+		db.Close()
+		return nil, err
+	}
+	if len(cps) > 0 {
+		if err := l.checkAgainst(ctx, cps[len(cps)-1]); err != nil {
+			db.Close()
+			return nil, err
+		}
+		l.cpSize = cps[len(cps)-1].Size
+	}
+	l.startTimer()
+	return l, nil
+}
+
+// loadState reads the last row, checks its MAC and its link to the row
+// before it, and checks the stored tree is as long as the log.
+func (l *Log) loadState(ctx context.Context) error {
+	rows, err := l.db.QueryContext(ctx, selectRow+" ORDER BY seq DESC LIMIT 2")
+	if err != nil {
+		return fmt.Errorf("audit: read tail: %w", err)
+	}
+	var tail []storedRow
+	for rows.Next() {
+		r, err := scanRow(rows)
+		if err != nil {
+			rows.Close()
+			return fmt.Errorf("audit: read tail: %w", err)
+		}
+		tail = append(tail, r)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("audit: read tail: %w", err)
+	}
+	l.lastSeq, l.lastMAC, l.lastTS = 0, zeroMAC, time.Time{}
+	if len(tail) == 0 {
+		return l.checkTreeSize(ctx, 0)
+	}
+	last := tail[0]
+	prev := zeroMAC
+	if len(tail) == 2 {
+		prev = tail[1].MAC
+		if tail[1].Seq != last.Seq-1 {
+			return fmt.Errorf("%w: missing row before seq %d", ErrIntegrity, last.Seq)
+		}
+	} else if last.Seq != 1 {
+		return fmt.Errorf("%w: log starts at seq %d", ErrIntegrity, last.Seq)
+	}
+	if last.KeyID != l.opts.Keys.KeyID {
+		return fmt.Errorf("%w: last row was written with key id %q, current key id is %q", ErrIntegrity, last.KeyID, l.opts.Keys.KeyID)
+	}
+	if !hmac.Equal(last.PrevMAC, prev) {
+		return fmt.Errorf("%w: prev_mac mismatch at seq %d", ErrIntegrity, last.Seq)
+	}
+	if p := last.check(l.opts.Keys.HMACKey, prev); p != "" {
+		return fmt.Errorf("%w: %s at seq %d", ErrIntegrity, p, last.Seq)
+	}
+	ts, err := time.Parse(time.RFC3339Nano, last.TS)
+	if err != nil {
+		return fmt.Errorf("%w: bad timestamp at seq %d", ErrIntegrity, last.Seq)
+	}
+	l.lastSeq, l.lastMAC, l.lastTS = last.Seq, last.MAC, ts
+	return l.checkTreeSize(ctx, last.Seq)
+}
+
+func (l *Log) checkTreeSize(ctx context.Context, n int64) error {
+	var next int64
+	if err := l.db.QueryRowContext(ctx, "SELECT coalesce(max(idx), -1) + 1 FROM audit_tree").Scan(&next); err != nil {
+		return fmt.Errorf("audit: read tree: %w", err)
+	}
+	if next != tlog.StoredHashCount(n) {
+		return fmt.Errorf("%w: stored tree has %d hashes, want %d for %d rows", ErrIntegrity, next, tlog.StoredHashCount(n), n)
+	}
+	return nil
+}
+
+// checkAgainst compares the log with its newest checkpoint.
+func (l *Log) checkAgainst(ctx context.Context, cp checkpoint) error {
+	if cp.Size > l.lastSeq {
+		return fmt.Errorf("%w: truncated below checkpoint (size %d, rows %d)", ErrIntegrity, cp.Size, l.lastSeq)
+	}
+	if cp.Size == 0 {
+		return nil
+	}
+	root, err := tlog.TreeHash(cp.Size, hashReader{ctx: ctx, q: l.db})
+	if err != nil {
+		return fmt.Errorf("audit: tree hash: %w", err)
+	}
+	if root != cp.Root {
+		return fmt.Errorf("%w: checkpoint root mismatch (size %d)", ErrIntegrity, cp.Size)
+	}
+	return nil
+}
+
+// querier is satisfied by *sql.DB and *sql.Tx.
+type querier interface {
+	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+}
+
+// hashReader reads stored tree hashes for tlog.
+type hashReader struct {
+	ctx context.Context
+	q   querier
+}
+
+func (r hashReader) ReadHashes(indexes []int64) ([]tlog.Hash, error) {
+	out := make([]tlog.Hash, len(indexes))
+	for i, idx := range indexes {
+		var b []byte
+		if err := r.q.QueryRowContext(r.ctx, "SELECT hash FROM audit_tree WHERE idx = ?", idx).Scan(&b); err != nil {
+			return nil, fmt.Errorf("stored hash %d: %w", idx, err)
+		}
+		if len(b) != tlog.HashSize {
+			return nil, fmt.Errorf("stored hash %d: bad length", idx)
+		}
+		copy(out[i][:], b)
+	}
+	return out, nil
+}
+
+func (l *Log) lock(ctx context.Context) error {
+	select {
+	case l.sem <- struct{}{}:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (l *Log) unlock() { <-l.sem }

@@ -1,0 +1,53 @@
+// Command sandbox-broker is an MCP server that runs untrusted code in
+// hardened sandboxes on behalf of LLM clients.
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+)
+
+// version is set with -ldflags "-X main.version=…".
+var version = "dev"
+
+const usage = `usage:
+  sandbox-broker serve [--transport stdio|http] [--addr host:port] [--root dir] [--toolsets a,b] [--read-only] [--log-level lvl]
+  sandbox-broker audit verify [--root dir | --db file]
+  sandbox-broker audit tail [-n N] [--root dir | --db file]
+  sandbox-broker audit export --format jsonl [--root dir | --db file]
+  sandbox-broker docs [--readme README.md] [--check]
+  sandbox-broker version
+`
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stdin, os.Stdout, os.Stderr, os.Getenv))
+}
+
+func run(args []string, stdin io.Reader, stdout, stderr io.Writer, getenv func(string) string) int {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, usage)
+		return 2
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	switch args[0] {
+	case "serve":
+		return serve(ctx, args[1:], stdin, stdout, stderr, getenv)
+	case "audit":
+		return auditCmd(ctx, args[1:], stdout, stderr, getenv)
+	case "docs":
+		return docsCmd(args[1:], stdout, stderr)
+	case "version":
+		fmt.Fprintln(stdout, "sandbox-broker", version)
+		return 0
+	case "-h", "--help", "help":
+		fmt.Fprint(stdout, usage)
+		return 0
+	}
+	fmt.Fprintf(stderr, "unknown command %q\n%s", args[0], usage)
+	return 2
+}

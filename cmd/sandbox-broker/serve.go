@@ -1,0 +1,56 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"os"
+
+	"github.com/sandbox-broker/sandbox-broker/config"
+	"github.com/sandbox-broker/sandbox-broker/services/broker"
+)
+
+func serve(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer, getenv func(string) string) int {
+	cfg, err := config.Load(args, getenv)
+	if err != nil {
+		fmt.Fprintln(stderr, err)
+		return 2
+	}
+	logOut := stderr
+	if cfg.LogFile != "" {
+		f, err := os.OpenFile(cfg.LogFile, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+		if err != nil {
+			fmt.Fprintln(stderr, "LOG_FILE: cannot open:", err)
+			return 2
+		}
+		defer f.Close()
+		logOut = f
+	}
+	b, err := broker.New(ctx, cfg, broker.Options{Version: version, LogOut: logOut, Notice: stderr})
+	if err != nil {
+		fmt.Fprintln(stderr, "sandbox-broker:", err)
+		return 1
+	}
+	defer b.Close()
+
+	switch cfg.Transport {
+	case "stdio":
+		err = b.ServeStdio(ctx, stdin, stdout)
+	default:
+		if !cfg.IsLoopback() {
+			fmt.Fprintf(stderr, "sandbox-broker: listening beyond loopback on %s; set MCP_ALLOWED_HOSTS and keep it behind TLS\n", cfg.Addr)
+		}
+		var ln net.Listener
+		if ln, err = net.Listen("tcp", cfg.Addr); err != nil {
+			fmt.Fprintln(stderr, "sandbox-broker: MCP_HTTP_ADDR:", err)
+			return 1
+		}
+		err = b.ServeHTTP(ctx, ln)
+	}
+	if err != nil && ctx.Err() == nil {
+		fmt.Fprintln(stderr, "sandbox-broker:", err)
+		return 1
+	}
+	return 0
+}

@@ -1,0 +1,222 @@
+// Package config parses the broker's settings once, from environment
+// variables and flags, into a typed and validated Config.
+package config
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"net"
+	"net/url"
+	"reflect"
+	"strconv"
+	"strings"
+
+	"github.com/go-playground/validator/v10"
+)
+
+// Secret is a string that never prints or marshals its value.
+type Secret string
+
+func (Secret) String() string                 { return "[REDACTED]" }
+func (Secret) GoString() string               { return "[REDACTED]" }
+func (Secret) MarshalJSON() ([]byte, error)   { return []byte(`"[REDACTED]"`), nil }
+func (s Secret) Reveal() string               { return string(s) }
+func (s Secret) MarshalText() ([]byte, error) { return []byte("[REDACTED]"), nil }
+
+// Config is everything `serve` needs. The env tag names the variable that
+// sets each field; flags, where they exist, override the environment.
+type Config struct {
+	Transport          string   `env:"MCP_TRANSPORT" validate:"oneof=stdio http"`
+	Addr               string   `env:"MCP_HTTP_ADDR" validate:"hostname_port"`
+	APIToken           Secret   `env:"MCP_API_TOKEN" validate:"omitempty,min=16,max=512,printascii"`
+	APIPrincipal       string   `env:"MCP_API_PRINCIPAL" validate:"principal"`
+	APITier            string   `env:"MCP_API_TIER" validate:"oneof=free pro"`
+	TokensFile         string   `env:"MCP_TOKENS_FILE" validate:"omitempty,filepath"`
+	Root               string   `env:"SANDBOX_ROOT" validate:"required"`
+	FileSecret         Secret   `env:"FILE_SECRET" validate:"omitempty,min=32,max=512"`
+	PublicBaseURL      string   `env:"PUBLIC_BASE_URL" validate:"omitempty,http_url"`
+	RateLimitPerMinute int      `env:"RATE_LIMIT_PER_MINUTE" validate:"min=0,max=100000"`
+	LogLevel           string   `env:"LOG_LEVEL" validate:"oneof=trace debug info warn error"`
+	LogFile            string   `env:"LOG_FILE" validate:"omitempty,filepath"`
+	AuditHMACKey       Secret   `env:"AUDIT_HMAC_KEY" validate:"omitempty,min=32,max=512"`
+	AuditHMACKeyFile   string   `env:"AUDIT_HMAC_KEY_FILE" validate:"omitempty,filepath"`
+	AllowedHosts       []string `env:"MCP_ALLOWED_HOSTS" validate:"dive,hostname_rfc1123|ip"`
+	AllowedOrigins     []string `env:"MCP_ALLOWED_ORIGINS" validate:"dive,http_url"`
+	Toolsets           []string `env:"MCP_TOOLSETS" validate:"dive,toolset"`
+	ReadOnly           bool     `env:"MCP_READ_ONLY"`
+	MaxRequestBytes    int      `env:"MCP_MAX_REQUEST_BYTES" validate:"min=4096,max=268435456"`
+}
+
+// Defaults are the embedded defaults: loopback HTTP, state under ./data.
+func Defaults() Config {
+	return Config{
+		Transport:       "http",
+		Addr:            "127.0.0.1:8080",
+		APIPrincipal:    "default",
+		APITier:         "pro",
+		Root:            "./data",
+		LogLevel:        "info",
+		Toolsets:        []string{"all"},
+		MaxRequestBytes: 16 << 20,
+	}
+}
+
+// SecretValues lists every configured secret, for the redactor.
+func (c Config) SecretValues() []string {
+	return []string{c.APIToken.Reveal(), c.FileSecret.Reveal(), c.AuditHMACKey.Reveal()}
+}
+
+// IsLoopback reports whether the HTTP listener binds only loopback.
+func (c Config) IsLoopback() bool {
+	host, _, err := net.SplitHostPort(c.Addr)
+	if err != nil {
+		return false
+	}
+	if strings.EqualFold(host, "localhost") {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+// KnownToolsets is filled by the tools package so config can validate names
+// without importing it.
+var KnownToolsets = map[string]bool{"all": true}
+
+// Load applies the environment (via getenv) and then serve's flags (args)
+// over the defaults, and validates the result.
+func Load(args []string, getenv func(string) string) (Config, error) {
+	c := Defaults()
+	if err := applyEnv(&c, getenv); err != nil {
+		return Config{}, err
+	}
+	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	fs.SetOutput(discard{})
+	fs.StringVar(&c.Transport, "transport", c.Transport, "stdio or http (MCP_TRANSPORT)")
+	fs.StringVar(&c.Addr, "addr", c.Addr, "HTTP listen address (MCP_HTTP_ADDR)")
+	fs.StringVar(&c.Root, "root", c.Root, "state and workspaces (SANDBOX_ROOT)")
+	fs.StringVar(&c.LogLevel, "log-level", c.LogLevel, "log level (LOG_LEVEL)")
+	fs.BoolVar(&c.ReadOnly, "read-only", c.ReadOnly, "register read-only tools only (MCP_READ_ONLY)")
+	toolsets := fs.String("toolsets", strings.Join(c.Toolsets, ","), "comma-separated toolsets (MCP_TOOLSETS)")
+	if err := fs.Parse(args); err != nil {
+		return Config{}, fmt.Errorf("config: %w (flags: --transport, --addr, --root, --log-level, --toolsets, --read-only)", err)
+	}
+	if fs.NArg() > 0 {
+		return Config{}, fmt.Errorf("config: unexpected argument %q", fs.Arg(0))
+	}
+	c.Toolsets = splitList(*toolsets)
+	return c, Validate(c)
+}
+
+type discard struct{}
+
+func (discard) Write(p []byte) (int, error) { return len(p), nil }
+
+func applyEnv(c *Config, getenv func(string) string) error {
+	v := reflect.ValueOf(c).Elem()
+	t := v.Type()
+	for i := 0; i < t.NumField(); i++ {
+		name := t.Field(i).Tag.Get("env")
+		raw := getenv(name)
+		if name == "" || raw == "" {
+			continue
+		}
+		f := v.Field(i)
+		switch f.Kind() {
+		case reflect.String:
+			f.SetString(raw)
+		case reflect.Int:
+			n, err := strconv.Atoi(strings.TrimSpace(raw))
+			if err != nil {
+				return fmt.Errorf("config: %s must be an integer", name)
+			}
+			f.SetInt(int64(n))
+		case reflect.Bool:
+			b, err := strconv.ParseBool(strings.TrimSpace(raw))
+			if err != nil {
+				return fmt.Errorf("config: %s must be true or false", name)
+			}
+			f.SetBool(b)
+		case reflect.Slice:
+			f.Set(reflect.ValueOf(splitList(raw)))
+		}
+	}
+	return nil
+}
+
+func splitList(s string) []string {
+	var out []string
+	for _, p := range strings.Split(s, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+var validate = newValidator()
+
+func newValidator() *validator.Validate {
+	v := validator.New(validator.WithRequiredStructEnabled())
+	_ = v.RegisterValidation("principal", func(fl validator.FieldLevel) bool {
+		s := fl.Field().String()
+		if s == "" || len(s) > 64 {
+			return false
+		}
+		for _, r := range s {
+			if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || strings.ContainsRune("_.@-", r)) {
+				return false
+			}
+		}
+		return true
+	})
+	_ = v.RegisterValidation("toolset", func(fl validator.FieldLevel) bool {
+		return KnownToolsets[fl.Field().String()]
+	})
+	return v
+}
+
+// Validate checks c and names the first bad variable. Secret values are
+// never echoed; other values are quoted so typos are visible.
+func Validate(c Config) error {
+	err := validate.Struct(c)
+	var verrs validator.ValidationErrors
+	if errors.As(err, &verrs) && len(verrs) > 0 {
+		fe := verrs[0]
+		field, _ := reflect.TypeOf(c).FieldByName(fieldName(fe.StructNamespace()))
+		name := field.Tag.Get("env")
+		if field.Type == reflect.TypeOf(Secret("")) {
+			return fmt.Errorf("config: %s is invalid (rule %q); its value is not shown", name, fe.Tag())
+		}
+		return fmt.Errorf("config: %s=%q is invalid (rule %q%s)", name, fmt.Sprint(fe.Value()), fe.Tag(), param(fe.Param()))
+	}
+	if err != nil {
+		return fmt.Errorf("config: %w", err)
+	}
+	if c.PublicBaseURL != "" {
+		u, _ := url.Parse(c.PublicBaseURL)
+		if u.RawQuery != "" || u.Fragment != "" || u.User != nil {
+			return fmt.Errorf("config: PUBLIC_BASE_URL=%q must be a plain origin and path, with no query, fragment or user info", c.PublicBaseURL)
+		}
+	}
+	return nil
+}
+
+// fieldName takes "Config.AllowedHosts[0]" to "AllowedHosts".
+func fieldName(ns string) string {
+	if i := strings.IndexByte(ns, '.'); i >= 0 {
+		ns = ns[i+1:]
+	}
+	if i := strings.IndexByte(ns, '['); i >= 0 {
+		ns = ns[:i]
+	}
+	return ns
+}
+
+func param(p string) string {
+	if p == "" {
+		return ""
+	}
+	return " " + p
+}

@@ -1,0 +1,268 @@
+package middleware
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"reflect"
+	"regexp"
+	"strings"
+	"unicode/utf8"
+
+	"github.com/go-playground/validator/v10"
+	"github.com/mark3labs/mcp-go/mcp"
+
+	"github.com/sandbox-broker/sandbox-broker/middleware/redact"
+	"github.com/sandbox-broker/sandbox-broker/services/brokererr"
+)
+
+// DefaultMaxArgBytes caps a tool's raw arguments unless the tool says more.
+const DefaultMaxArgBytes = 64 << 10
+
+// ArgSpec says how one tool's arguments are decoded, validated and audited.
+type ArgSpec struct {
+	MaxBytes int
+	decode   func(raw []byte) (any, error)
+	schema   json.RawMessage
+	summary  func(v any) map[string]any
+}
+
+// Schema is the JSON schema published in tools/list.
+func (s ArgSpec) Schema() json.RawMessage { return s.schema }
+
+// Args builds the spec for argument struct T. T's fields use `json` names,
+// `validate` rules (validator/v10 plus the custom rules below), `desc` for
+// the schema description and `audit:"clear"` for values safe to log as-is.
+func Args[T any](maxBytes int) ArgSpec {
+	if maxBytes <= 0 {
+		maxBytes = DefaultMaxArgBytes
+	}
+	var zero T
+	if reflect.TypeOf(zero).Kind() != reflect.Struct {
+		panic("middleware.Args: T must be a struct")
+	}
+	return ArgSpec{
+		MaxBytes: maxBytes,
+		decode:   func(raw []byte) (any, error) { return decodeStrict[T](raw) },
+		schema:   schemaFor(reflect.TypeOf(zero)),
+		summary:  summarize,
+	}
+}
+
+type argsKey struct{}
+
+// ArgsFrom returns the validated arguments the Validate middleware stored.
+// A handler reached without validation gets ok=false and must refuse.
+func ArgsFrom[T any](ctx context.Context) (*T, bool) {
+	v, ok := ctx.Value(argsKey{}).(*T)
+	return v, ok
+}
+
+// Custom rules: name → pattern. The same pattern is published in the schema.
+var patterns = map[string]*regexp.Regexp{
+	"session_id": regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`),
+	"identifier": regexp.MustCompile(`^[A-Za-z0-9_-]{1,50}$`),
+}
+
+var validate = newValidator()
+
+func newValidator() *validator.Validate {
+	v := validator.New(validator.WithRequiredStructEnabled())
+	v.RegisterTagNameFunc(func(f reflect.StructField) string {
+		name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+		if name == "-" {
+			return ""
+		}
+		return name
+	})
+	for name, re := range patterns {
+		_ = v.RegisterValidation(name, func(fl validator.FieldLevel) bool {
+			return re.MatchString(fl.Field().String())
+		})
+	}
+	// Strings must be valid UTF-8 without NUL: Go's decoder would otherwise
+	// turn bad bytes into U+FFFD silently, and NUL truncates C paths.
+	_ = v.RegisterValidation("clean", func(fl validator.FieldLevel) bool {
+		s := fl.Field().String()
+		return utf8.ValidString(s) && !strings.ContainsRune(s, 0)
+	})
+	return v
+}
+
+func decodeStrict[T any](raw []byte) (*T, error) {
+	raw = bytes.TrimSpace(raw)
+	if len(raw) == 0 || bytes.Equal(raw, []byte("null")) {
+		raw = []byte("{}")
+	}
+	if !utf8.Valid(raw) {
+		return nil, brokererr.New(brokererr.InvalidInput, "arguments are not valid UTF-8")
+	}
+	if raw[0] != '{' {
+		return nil, brokererr.New(brokererr.InvalidInput, "arguments must be a JSON object")
+	}
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.DisallowUnknownFields()
+	dec.UseNumber()
+	v := new(T)
+	if err := dec.Decode(v); err != nil {
+		return nil, decodeError(err)
+	}
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		return nil, brokererr.New(brokererr.InvalidInput, "arguments must be a single JSON object")
+	}
+	if err := validate.Struct(v); err != nil {
+		return nil, validationError(err)
+	}
+	return v, nil
+}
+
+func decodeError(err error) error {
+	var te *json.UnmarshalTypeError
+	var se *json.SyntaxError
+	switch {
+	case errors.As(err, &te):
+		return brokererr.New(brokererr.InvalidInput, "field %q must be %s", te.Field, jsonKind(te.Type))
+	case errors.As(err, &se):
+		return brokererr.New(brokererr.InvalidInput, "arguments are not valid JSON (offset %d)", se.Offset)
+	case strings.HasPrefix(err.Error(), "json: unknown field "):
+		return brokererr.New(brokererr.InvalidInput, "unknown field %s", strings.TrimPrefix(err.Error(), "json: unknown field "))
+	default:
+		return brokererr.New(brokererr.InvalidInput, "arguments could not be decoded")
+	}
+}
+
+func validationError(err error) error {
+	var verrs validator.ValidationErrors
+	if !errors.As(err, &verrs) || len(verrs) == 0 {
+		return brokererr.New(brokererr.InvalidInput, "arguments are invalid")
+	}
+	fe := verrs[0]
+	field := fe.Namespace()
+	if i := strings.IndexByte(field, '.'); i >= 0 {
+		field = field[i+1:]
+	}
+	var why string
+	switch fe.Tag() {
+	case "required":
+		why = "is required"
+	case "oneof":
+		why = "must be one of: " + strings.ReplaceAll(fe.Param(), " ", ", ")
+	case "max", "lte":
+		why = "must be at most " + fe.Param() + sizeUnit(fe.Kind())
+	case "min", "gte":
+		why = "must be at least " + fe.Param() + sizeUnit(fe.Kind())
+	case "clean":
+		why = "must be valid UTF-8 without NUL characters"
+	case "excluded_with":
+		why = "cannot be combined with " + fe.Param()
+	case "required_without":
+		why = "is required unless " + fe.Param() + " is given"
+	default:
+		if re, ok := patterns[fe.Tag()]; ok {
+			why = "must match " + re.String()
+		} else {
+			why = "fails rule " + fe.Tag()
+		}
+	}
+	return brokererr.New(brokererr.InvalidInput, "field %q %s", field, why)
+}
+
+func sizeUnit(k reflect.Kind) string {
+	switch k {
+	case reflect.String:
+		return " characters"
+	case reflect.Slice, reflect.Map:
+		return " items"
+	}
+	return ""
+}
+
+func jsonKind(t reflect.Type) string {
+	switch t.Kind() {
+	case reflect.String:
+		return "a string"
+	case reflect.Bool:
+		return "a boolean"
+	case reflect.Int, reflect.Int64, reflect.Int32, reflect.Uint, reflect.Uint64, reflect.Uint32:
+		return "an integer"
+	case reflect.Float64, reflect.Float32:
+		return "a number"
+	case reflect.Map, reflect.Struct:
+		return "an object"
+	case reflect.Slice:
+		return "an array"
+	}
+	return "of another type"
+}
+
+// summarize turns validated arguments into audit parameters: values tagged
+// audit:"clear" and plain scalars as they are; strings and collections only
+// as size and SHA-256 prefix, so code, file contents and tokens never reach
+// the audit log.
+func summarize(v any) map[string]any {
+	out := map[string]any{}
+	rv := reflect.ValueOf(v)
+	if rv.Kind() == reflect.Pointer {
+		rv = rv.Elem()
+	}
+	rt := rv.Type()
+	for i := 0; i < rt.NumField(); i++ {
+		f := rt.Field(i)
+		name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+		if name == "" || name == "-" || !f.IsExported() {
+			continue
+		}
+		fv := rv.Field(i)
+		if fv.IsZero() {
+			continue
+		}
+		clear := f.Tag.Get("audit") == "clear"
+		switch fv.Kind() {
+		case reflect.Bool, reflect.Int, reflect.Int64, reflect.Float64:
+			out[name] = fv.Interface()
+		case reflect.Pointer:
+			if e := fv.Elem(); e.Kind() == reflect.Bool || e.Kind() == reflect.Int || e.Kind() == reflect.Int64 {
+				out[name] = e.Interface()
+			}
+		case reflect.String:
+			if clear {
+				out[name] = redact.Truncate(fv.String(), 128)
+			} else {
+				out[name] = digest([]byte(fv.String()))
+			}
+		default:
+			b, _ := json.Marshal(fv.Interface())
+			d := digest(b)
+			if fv.Kind() == reflect.Map || fv.Kind() == reflect.Slice {
+				d["count"] = fv.Len()
+			}
+			out[name] = d
+		}
+	}
+	return out
+}
+
+func digest(b []byte) map[string]any {
+	h := sha256.Sum256(b)
+	return map[string]any{"bytes": len(b), "sha256": hex.EncodeToString(h[:8])}
+}
+
+// rawArguments returns the call's argument bytes as received.
+func rawArguments(req mcp.CallToolRequest) ([]byte, error) {
+	if len(req.Params.RawArguments) > 0 {
+		return req.Params.RawArguments, nil
+	}
+	if req.Params.Arguments == nil {
+		return nil, nil
+	}
+	b, err := json.Marshal(req.Params.Arguments)
+	if err != nil {
+		return nil, fmt.Errorf("re-encode arguments: %w", err)
+	}
+	return b, nil
+}

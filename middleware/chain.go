@@ -1,0 +1,292 @@
+// Package middleware wraps every tool handler in the same chain:
+// identity → validation → rate limit → audit (intent) → handler →
+// audit (outcome) → error sanitising → output redaction.
+package middleware
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"runtime/debug"
+	"time"
+
+	"github.com/mark3labs/mcp-go/mcp"
+	"github.com/mark3labs/mcp-go/server"
+	"github.com/rs/zerolog"
+
+	"github.com/sandbox-broker/sandbox-broker/audit"
+	"github.com/sandbox-broker/sandbox-broker/middleware/redact"
+	"github.com/sandbox-broker/sandbox-broker/services/brokererr"
+	"github.com/sandbox-broker/sandbox-broker/services/identity"
+	"github.com/sandbox-broker/sandbox-broker/services/quota"
+)
+
+// MaxMessageLen caps error messages sent to the client.
+const MaxMessageLen = 200
+
+// Auditor is the audit log as the chain needs it.
+type Auditor interface {
+	Append(ctx context.Context, r audit.Record) (int64, error)
+}
+
+// RateLimiter is the quota store as the chain needs it.
+type RateLimiter interface {
+	AllowCall(ctx context.Context, principal string, l quota.Limits) (quota.Decision, error)
+}
+
+// Deps are the chain's collaborators, injected so tests use real ones.
+type Deps struct {
+	Specs    func(tool string) (ArgSpec, bool)
+	Limits   func(identity.Principal) quota.Limits
+	Limiter  RateLimiter
+	Audit    Auditor
+	Metrics  *Metrics
+	Redactor *redact.Redactor
+	Log      zerolog.Logger
+	Now      func() time.Time
+}
+
+// call is the per-call record the stages share through the context.
+type call struct {
+	id        string
+	tool      string
+	start     time.Time
+	principal string
+	params    json.RawMessage
+	audited   bool // intent row written; the Audit stage owns the outcome row
+}
+
+type callKey struct{}
+
+// Chain returns the tool middlewares, outermost first, for
+// server.WithToolHandlerMiddleware.
+func Chain(d Deps) []server.ToolHandlerMiddleware {
+	if d.Now == nil {
+		d.Now = time.Now
+	}
+	return []server.ToolHandlerMiddleware{
+		d.redactOutput,
+		d.sanitize,
+		d.observe,
+		d.identity,
+		d.validate,
+		d.rateLimit,
+		d.audit,
+	}
+}
+
+// redactOutput removes secrets and token shapes from everything returned.
+func (d Deps) redactOutput(next server.ToolHandlerFunc) server.ToolHandlerFunc {
+	return func(ctx context.Context, req mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+		res, err := next(ctx, req)
+		return RedactResult(d.Redactor, res), err
+	}
+}
+
+// sanitize turns every error into a structured tool result. Only
+// *brokererr.Error messages pass, redacted and capped; the rest become
+// INTERNAL_ERROR with no detail.
+func (d Deps) sanitize(next server.ToolHandlerFunc) server.ToolHandlerFunc {
+	return func(ctx context.Context, req mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+		res, err := next(ctx, req)
+		if err == nil && res != nil {
+			return res, nil
+		}
+		if err == nil {
+			err = fmt.Errorf("tool %s returned no result", req.Params.Name)
+		}
+		return ErrorResult(d.Redactor, err), nil
+	}
+}
+
+// ErrorResult renders err as {error, message, retryable, retry_after_s?}.
+func ErrorResult(r *redact.Redactor, err error) *mcp.CallToolResult {
+	e := brokererr.As(err)
+	if e == nil {
+		e = brokererr.New(brokererr.InternalError, "internal error")
+	}
+	body := map[string]any{
+		"error":     string(e.Code),
+		"message":   r.Message(e.Message, MaxMessageLen),
+		"retryable": e.Retryable,
+	}
+	if e.RetryAfter > 0 {
+		body["retry_after_s"] = int64((e.RetryAfter + time.Second - 1) / time.Second)
+	}
+	text, _ := json.Marshal(body)
+	return &mcp.CallToolResult{
+		Content:           []mcp.Content{mcp.NewTextContent(string(text))},
+		StructuredContent: body,
+		IsError:           true,
+	}
+}
+
+// observe counts, logs and, for calls refused before the Audit stage,
+// writes their single audit row.
+func (d Deps) observe(next server.ToolHandlerFunc) server.ToolHandlerFunc {
+	return func(ctx context.Context, req mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+		c := &call{id: newCallID(), tool: req.Params.Name, start: d.Now(), params: json.RawMessage(`{}`)}
+		ctx = context.WithValue(ctx, callKey{}, c)
+		res, err := next(ctx, req)
+		dur := d.Now().Sub(c.start)
+		outcome := classify(res, err, c.audited)
+		code := brokererr.CodeOf(err)
+		if !c.audited {
+			rec := audit.Record{CallID: c.id, Phase: audit.PhaseOutcome, Principal: c.principal, Tool: c.tool,
+				Params: c.params, Outcome: outcome, ErrorCode: string(code), DurationMS: dur.Milliseconds()}
+			if _, aerr := d.Audit.Append(ctx, rec); aerr != nil {
+				d.Metrics.auditFailures.Inc()
+				d.Log.Error().Str("call_id", c.id).Str("tool", c.tool).Msg("audit_write_failed")
+			}
+		}
+		d.Metrics.observe(c.tool, string(outcome), dur)
+		ev := d.Log.Info()
+		if outcome != audit.OutcomeSuccess {
+			ev = d.Log.Warn()
+		}
+		ev.Str("call_id", c.id).Str("tool", c.tool).Str("principal", c.principal).
+			Str("outcome", string(outcome)).Str("error_code", string(code)).
+			Int64("duration_ms", dur.Milliseconds()).Msg("tool_call")
+		return res, err
+	}
+}
+
+func classify(res *mcp.CallToolResult, err error, reachedHandler bool) audit.Outcome {
+	switch {
+	case err == nil && res != nil && !res.IsError:
+		return audit.OutcomeSuccess
+	case err == nil && res != nil:
+		return audit.OutcomeFailure
+	}
+	switch brokererr.CodeOf(err) {
+	case brokererr.RateLimitExceeded, brokererr.QuotaExceeded:
+		return audit.OutcomeRateLimited
+	case brokererr.PermissionDenied, brokererr.Unauthenticated:
+		return audit.OutcomeDenied
+	}
+	if !reachedHandler {
+		return audit.OutcomeDenied
+	}
+	return audit.OutcomeFailure
+}
+
+func callFrom(ctx context.Context) *call {
+	if c, ok := ctx.Value(callKey{}).(*call); ok {
+		return c
+	}
+	return &call{}
+}
+
+// identity refuses calls that no transport authenticated.
+func (d Deps) identity(next server.ToolHandlerFunc) server.ToolHandlerFunc {
+	return func(ctx context.Context, req mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+		p, ok := identity.FromContext(ctx)
+		if !ok {
+			return nil, brokererr.New(brokererr.Unauthenticated, "the call carries no authenticated principal")
+		}
+		callFrom(ctx).principal = p.ID
+		return next(ctx, req)
+	}
+}
+
+// validate decodes the arguments strictly into the tool's struct, checks
+// them, and hands the typed value to the handler through the context.
+func (d Deps) validate(next server.ToolHandlerFunc) server.ToolHandlerFunc {
+	return func(ctx context.Context, req mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+		spec, ok := d.Specs(req.Params.Name)
+		if !ok {
+			return nil, fmt.Errorf("tool %q has no argument spec", req.Params.Name)
+		}
+		raw, err := rawArguments(req)
+		if err != nil {
+			return nil, brokererr.Wrap(err, brokererr.InvalidInput, "arguments could not be read")
+		}
+		if len(raw) > spec.MaxBytes {
+			return nil, brokererr.New(brokererr.InvalidInput, "arguments are %d bytes; this tool accepts at most %d", len(raw), spec.MaxBytes)
+		}
+		v, err := spec.decode(raw)
+		if err != nil {
+			return nil, err
+		}
+		c := callFrom(ctx)
+		if b, err := json.Marshal(redactParams(d.Redactor, spec.summary(v))); err == nil {
+			c.params = b
+		}
+		return next(context.WithValue(ctx, argsKey{}, v), req)
+	}
+}
+
+func redactParams(r *redact.Redactor, m map[string]any) any {
+	b, err := json.Marshal(m)
+	if err != nil {
+		return map[string]any{}
+	}
+	var generic any
+	_ = json.Unmarshal(b, &generic)
+	return r.Value(generic)
+}
+
+// rateLimit applies the principal's calls-per-minute limit, persisted in
+// SQLite so a restart does not reset it.
+func (d Deps) rateLimit(next server.ToolHandlerFunc) server.ToolHandlerFunc {
+	return func(ctx context.Context, req mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+		p, _ := identity.FromContext(ctx)
+		dec, err := d.Limiter.AllowCall(ctx, p.ID, d.Limits(p))
+		if err != nil {
+			return nil, brokererr.Wrap(err, brokererr.Unavailable, "rate limiter unavailable; try again")
+		}
+		if !dec.Allowed {
+			d.Metrics.rateLimited.WithLabelValues(req.Params.Name).Inc()
+			return nil, brokererr.New(brokererr.RateLimitExceeded,
+				"rate limit of %d calls per minute reached", dec.Limit).WithRetryAfter(dec.RetryAfter)
+		}
+		return next(ctx, req)
+	}
+}
+
+// audit writes the intent before the handler runs and the outcome after.
+// If the intent cannot be written the handler never runs.
+func (d Deps) audit(next server.ToolHandlerFunc) server.ToolHandlerFunc {
+	return func(ctx context.Context, req mcp.CallToolRequest) (res *mcp.CallToolResult, err error) {
+		c := callFrom(ctx)
+		intent := audit.Record{CallID: c.id, Phase: audit.PhaseIntent, Principal: c.principal, Tool: c.tool, Params: c.params}
+		if _, aerr := d.Audit.Append(ctx, intent); aerr != nil {
+			d.Metrics.auditFailures.Inc()
+			d.Log.Error().Str("call_id", c.id).Str("tool", c.tool).Msg("audit_intent_failed")
+			return nil, brokererr.Wrap(aerr, brokererr.Unavailable, "the audit log is unavailable, so the call was refused")
+		}
+		c.audited = true
+		res, err = d.runHandler(ctx, next, req)
+		out := audit.Record{CallID: c.id, Phase: audit.PhaseOutcome, Principal: c.principal, Tool: c.tool,
+			Params: json.RawMessage(`{}`), Outcome: classify(res, err, true), ErrorCode: string(brokererr.CodeOf(err)),
+			DurationMS: d.Now().Sub(c.start).Milliseconds()}
+		// The outcome row uses a context that outlives a cancelled call.
+		actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		if _, aerr := d.Audit.Append(actx, out); aerr != nil {
+			d.Metrics.auditFailures.Inc()
+			d.Log.Error().Str("call_id", c.id).Str("tool", c.tool).Msg("audit_outcome_failed")
+		}
+		return res, err
+	}
+}
+
+// runHandler converts a handler panic into an internal error, so the outcome
+// row is still written and the server keeps serving.
+func (d Deps) runHandler(ctx context.Context, next server.ToolHandlerFunc, req mcp.CallToolRequest) (res *mcp.CallToolResult, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			d.Log.Error().Str("tool", req.Params.Name).Str("stack", string(debug.Stack())).Msg("tool_panic")
+			res, err = nil, fmt.Errorf("tool %s panicked", req.Params.Name)
+		}
+	}()
+	return next(ctx, req)
+}
+
+func newCallID() string {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return "call_" + hex.EncodeToString(b[:])
+}

@@ -1,0 +1,203 @@
+// Package broker assembles the MCP server: configuration, stores, the
+// middleware chain, the enabled toolsets, and the stdio and HTTP transports.
+package broker
+
+import (
+	"context"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/mark3labs/mcp-go/server"
+	"github.com/rs/zerolog"
+
+	"github.com/sandbox-broker/sandbox-broker/audit"
+	"github.com/sandbox-broker/sandbox-broker/config"
+	"github.com/sandbox-broker/sandbox-broker/middleware"
+	"github.com/sandbox-broker/sandbox-broker/middleware/redact"
+	"github.com/sandbox-broker/sandbox-broker/services/identity"
+	"github.com/sandbox-broker/sandbox-broker/services/logging"
+	"github.com/sandbox-broker/sandbox-broker/services/quota"
+	"github.com/sandbox-broker/sandbox-broker/tools"
+)
+
+// Broker is one running sandbox-broker.
+type Broker struct {
+	cfg      config.Config
+	version  string
+	started  time.Time
+	log      zerolog.Logger
+	redactor *redact.Redactor
+	audit    *audit.Log
+	quota    *quota.Store
+	metrics  *middleware.Metrics
+	tokens   *identity.Registry // nil on stdio
+	mcp      *server.MCPServer
+	tools    []tools.ServerTool
+	sessions *sessionOwners
+	checks   []check
+}
+
+// Options are what the caller supplies besides Config.
+type Options struct {
+	Version string
+	LogOut  io.Writer // stderr by default; never stdout on stdio
+	// Notice receives operator messages (where a generated token is kept).
+	Notice io.Writer
+}
+
+// New opens the stores and builds the server. Close releases them.
+func New(ctx context.Context, cfg config.Config, opts Options) (b *Broker, err error) {
+	if opts.LogOut == nil {
+		opts.LogOut = os.Stderr
+	}
+	if opts.Notice == nil {
+		opts.Notice = os.Stderr
+	}
+	if err := os.MkdirAll(cfg.Root, 0o700); err != nil {
+		return nil, fmt.Errorf("create SANDBOX_ROOT: %w", err)
+	}
+	b = &Broker{cfg: cfg, version: opts.Version, started: time.Now(), sessions: newSessionOwners()}
+	defer func() {
+		if err != nil {
+			b.Close()
+		}
+	}()
+
+	secrets := cfg.SecretValues()
+	if cfg.Transport == "http" {
+		var token string
+		if b.tokens, token, err = loadTokens(cfg, opts.Notice); err != nil {
+			return nil, err
+		}
+		secrets = append(secrets, token)
+	}
+	keys, err := audit.LoadKeys(audit.KeyConfig{Root: cfg.Root, HMACKey: cfg.AuditHMACKey.Reveal(), HMACKeyFile: cfg.AuditHMACKeyFile})
+	if err != nil {
+		return nil, fmt.Errorf("audit keys: %w", err)
+	}
+	secrets = append(secrets, string(keys.HMACKey), hex.EncodeToString(keys.HMACKey))
+	b.redactor = redact.New(secrets, hostRoots(cfg.Root))
+	b.log = logging.New(opts.LogOut, cfg.LogLevel, b.redactor)
+
+	if b.audit, err = audit.Open(ctx, audit.Options{
+		Path: filepath.Join(cfg.Root, "audit.db"), CheckpointPath: filepath.Join(cfg.Root, "audit.checkpoints"), Keys: keys,
+	}); err != nil {
+		return nil, fmt.Errorf("open audit log: %w", err)
+	}
+	if b.quota, err = quota.Open(ctx, filepath.Join(cfg.Root, "state.db"), nil); err != nil {
+		return nil, fmt.Errorf("open state store: %w", err)
+	}
+	b.metrics = middleware.NewMetrics()
+	b.checks = []check{{"audit_log", b.audit.Ping}, {"state_store", b.quota.Ping}}
+
+	group := tools.DefaultGroup(tools.Deps{Usage: b.quota, Limits: b.limits})
+	if b.tools, err = group.Enable(cfg.Toolsets, cfg.ReadOnly); err != nil {
+		return nil, err
+	}
+	b.mcp = b.newMCPServer()
+	b.log.Info().Str("transport", cfg.Transport).Int("tools", len(b.tools)).Bool("read_only", cfg.ReadOnly).Msg("broker_ready")
+	return b, nil
+}
+
+func (b *Broker) limits(p identity.Principal) quota.Limits {
+	return quota.LimitsFor(p.Tier, b.cfg.RateLimitPerMinute)
+}
+
+func (b *Broker) newMCPServer() *server.MCPServer {
+	specs := map[string]middleware.ArgSpec{}
+	for _, t := range b.tools {
+		specs[t.Tool.Name] = t.Args
+	}
+	chain := middleware.Chain(middleware.Deps{
+		Specs:    func(name string) (middleware.ArgSpec, bool) { s, ok := specs[name]; return s, ok },
+		Limits:   b.limits,
+		Limiter:  b.quota,
+		Audit:    b.audit,
+		Metrics:  b.metrics,
+		Redactor: b.redactor,
+		Log:      logging.Component(b.log, "tools"),
+	})
+	opts := []server.ServerOption{
+		server.WithToolCapabilities(false),
+		server.WithResourceCapabilities(false, false),
+		server.WithInstructions("sandbox-broker runs code in hardened sandboxes. Call get_usage to see your limits."),
+	}
+	for _, mw := range chain {
+		opts = append(opts, server.WithToolHandlerMiddleware(mw))
+	}
+	// Last resort: a panic outside our chain becomes a JSON-RPC error, not a crash.
+	opts = append(opts, server.WithRecovery())
+	s := server.NewMCPServer("sandbox-broker", b.version, opts...)
+	for _, t := range b.tools {
+		s.AddTool(t.Tool, t.Handler)
+	}
+	b.addHealthResource(s)
+	return s
+}
+
+// MCPServer exposes the assembled server, for in-process clients in tests.
+func (b *Broker) MCPServer() *server.MCPServer { return b.mcp }
+
+// Close flushes a final audit checkpoint and closes the stores.
+func (b *Broker) Close() error {
+	var errs []error
+	if b.audit != nil {
+		errs = append(errs, b.audit.Close())
+	}
+	if b.quota != nil {
+		errs = append(errs, b.quota.Close())
+	}
+	return errors.Join(errs...)
+}
+
+// loadTokens builds the HTTP token registry from MCP_TOKENS_FILE and
+// MCP_API_TOKEN, or generates a token on first start.
+func loadTokens(cfg config.Config, notice io.Writer) (*identity.Registry, string, error) {
+	var entries []identity.TokenEntry
+	if cfg.TokensFile != "" {
+		e, err := identity.LoadTokensFile(cfg.TokensFile)
+		if err != nil {
+			return nil, "", fmt.Errorf("MCP_TOKENS_FILE: %w", err)
+		}
+		entries = e
+	}
+	token := cfg.APIToken.Reveal()
+	if token == "" && len(entries) == 0 {
+		t, created, err := identity.LoadOrCreateToken(cfg.Root)
+		if err != nil {
+			return nil, "", fmt.Errorf("generated API token: %w", err)
+		}
+		token = t
+		verb := "Using the"
+		if created {
+			verb = "Generated an"
+		}
+		fmt.Fprintf(notice, "sandbox-broker: %s API token, kept in %s (mode 0600). Send it as 'Authorization: Bearer <token>'.\n",
+			verb, filepath.Join(cfg.Root, identity.TokenFileName))
+	}
+	if token != "" {
+		entries = append(entries, identity.TokenEntry{Principal: cfg.APIPrincipal, Tier: cfg.APITier, TokenSHA256: identity.HashToken(token)})
+	}
+	r, err := identity.NewRegistry(entries)
+	if err != nil {
+		return nil, "", fmt.Errorf("tokens: %w", err)
+	}
+	return r, token, nil
+}
+
+// hostRoots are the host paths error messages must never reveal.
+func hostRoots(root string) []string {
+	out := []string{root}
+	if wd, err := os.Getwd(); err == nil {
+		out = append(out, wd)
+	}
+	if home, err := os.UserHomeDir(); err == nil {
+		out = append(out, home)
+	}
+	return out
+}

@@ -1,0 +1,56 @@
+package broker
+
+import (
+	"context"
+	"encoding/json"
+	"time"
+
+	"github.com/mark3labs/mcp-go/mcp"
+	"github.com/mark3labs/mcp-go/server"
+)
+
+// HealthURI is the MCP resource with the broker's health.
+const HealthURI = "health://check"
+
+type check struct {
+	name string
+	fn   func(context.Context) error
+}
+
+// Health is the body of /readyz and of health://check.
+type Health struct {
+	Status     string            `json:"status"` // "ok" or "degraded"
+	Version    string            `json:"version"`
+	UptimeS    int64             `json:"uptime_s"`
+	Components map[string]string `json:"components"` // name → "ok" or "error"
+}
+
+// Health runs every component check with a short timeout.
+func (b *Broker) Health(ctx context.Context) Health {
+	h := Health{Status: "ok", Version: b.version, UptimeS: int64(time.Since(b.started) / time.Second), Components: map[string]string{}}
+	for _, c := range b.checks {
+		cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		err := c.fn(cctx)
+		cancel()
+		if err != nil {
+			h.Status = "degraded"
+			h.Components[c.name] = "error"
+			b.log.Warn().Str("check", c.name).Msg("health_check_failed")
+			continue
+		}
+		h.Components[c.name] = "ok"
+	}
+	return h
+}
+
+func (b *Broker) addHealthResource(s *server.MCPServer) {
+	s.AddResource(
+		mcp.NewResource(HealthURI, "Broker health", mcp.WithResourceDescription("Status, uptime and component checks"), mcp.WithMIMEType("application/json")),
+		func(ctx context.Context, req mcp.ReadResourceRequest) ([]mcp.ResourceContents, error) {
+			body, err := json.Marshal(b.Health(ctx))
+			if err != nil {
+				return nil, err
+			}
+			return []mcp.ResourceContents{mcp.TextResourceContents{URI: HealthURI, MIMEType: "application/json", Text: string(body)}}, nil
+		})
+}

@@ -1,0 +1,208 @@
+package broker
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/mark3labs/mcp-go/server"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/sandbox-broker/sandbox-broker/services/identity"
+	"github.com/sandbox-broker/sandbox-broker/services/logging"
+)
+
+// HTTPHandler is the whole HTTP surface:
+//
+//	/mcp, /mcp/events  Streamable HTTP (POST, GET stream, DELETE)
+//	/healthz           liveness, no auth
+//	/readyz            readiness with per-component status, no auth
+//	/metrics           Prometheus, bearer auth
+func (b *Broker) HTTPHandler() http.Handler {
+	mcpHTTP := server.NewStreamableHTTPServer(b.mcp,
+		server.WithStateful(true),
+		server.WithSessionIdleTTL(time.Hour),
+		server.WithHeartbeatInterval(25*time.Second),
+		server.WithStreamableHTTPLogger(logging.Slog(logging.Component(b.log, "mcp_http"))),
+		server.WithHTTPContextFunc(func(ctx context.Context, r *http.Request) context.Context {
+			// The auth layer already put the principal on r's context.
+			if p, ok := identity.FromContext(r.Context()); ok {
+				return identity.WithPrincipal(ctx, p)
+			}
+			return ctx
+		}),
+	)
+	mcpHandler := b.sessions.bind(b.limitBody(mcpHTTP))
+
+	mux := http.NewServeMux()
+	mux.Handle("/mcp", b.authenticate(mcpHandler))
+	mux.Handle("GET /mcp/events", b.authenticate(mcpHandler))
+	mux.Handle("GET /metrics", b.authenticate(promhttp.HandlerFor(b.metrics.Registry, promhttp.HandlerOpts{})))
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+	})
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
+		h := b.Health(r.Context())
+		code := http.StatusOK
+		if h.Status != "ok" {
+			code = http.StatusServiceUnavailable
+		}
+		writeJSON(w, code, h)
+	})
+	return b.checkHostOrigin(securityHeaders(mux))
+}
+
+// ServeHTTP serves on ln until ctx ends, then shuts down gracefully.
+func (b *Broker) ServeHTTP(ctx context.Context, ln net.Listener) error {
+	srv := &http.Server{
+		Handler:           b.HTTPHandler(),
+		ReadHeaderTimeout: 10 * time.Second,
+		IdleTimeout:       2 * time.Minute,
+		MaxHeaderBytes:    64 << 10,
+		BaseContext:       func(net.Listener) context.Context { return ctx },
+	}
+	b.log.Info().Str("addr", ln.Addr().String()).Msg("http_listening")
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	select {
+	case err := <-errc:
+		return err
+	case <-ctx.Done():
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	err := srv.Shutdown(sctx)
+	b.log.Info().Msg("http_stopped")
+	if errors.Is(err, http.ErrServerClosed) {
+		return nil
+	}
+	return err
+}
+
+// authenticate requires a bearer token that maps to a principal and puts the
+// principal on the request context.
+func (b *Broker) authenticate(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		token, ok := bearerToken(r.Header.Get("Authorization"))
+		p, valid := b.tokens.Authenticate(token)
+		if !ok || !valid {
+			challenge := `Bearer realm="sandbox-broker"`
+			if ok {
+				challenge += `, error="invalid_token"`
+			}
+			w.Header().Set("WWW-Authenticate", challenge)
+			b.log.Warn().Str("path", r.URL.Path).Bool("token_present", ok).Msg("auth_rejected")
+			writeJSON(w, http.StatusUnauthorized, map[string]string{"error": "UNAUTHENTICATED", "message": "a valid bearer token is required"})
+			return
+		}
+		next.ServeHTTP(w, r.WithContext(identity.WithPrincipal(r.Context(), p)))
+	})
+}
+
+func bearerToken(h string) (string, bool) {
+	scheme, token, ok := strings.Cut(h, " ")
+	if !ok || !strings.EqualFold(scheme, "Bearer") {
+		return "", false
+	}
+	token = strings.TrimSpace(token)
+	return token, token != ""
+}
+
+// limitBody caps POST bodies and refuses invalid UTF-8 with a JSON-RPC
+// error, before the MCP layer parses anything.
+func (b *Broker) limitBody(next http.Handler) http.Handler {
+	max := int64(b.cfg.MaxRequestBytes)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodPost {
+			next.ServeHTTP(w, r)
+			return
+		}
+		body, err := io.ReadAll(io.LimitReader(r.Body, max+1))
+		if err != nil {
+			writeRPCError(w, http.StatusBadRequest, -32700, "could not read the request body")
+			return
+		}
+		if int64(len(body)) > max {
+			writeRPCError(w, http.StatusRequestEntityTooLarge, -32600, fmt.Sprintf("request body exceeds %d bytes", max))
+			return
+		}
+		if !utf8.Valid(body) {
+			writeRPCError(w, http.StatusBadRequest, -32700, "request body is not valid UTF-8")
+			return
+		}
+		r.Body = io.NopCloser(bytes.NewReader(body))
+		r.ContentLength = int64(len(body))
+		next.ServeHTTP(w, r)
+	})
+}
+
+// checkHostOrigin defends against DNS rebinding: the Host header must name
+// this server and a browser Origin, when sent, must be allowed.
+func (b *Broker) checkHostOrigin(next http.Handler) http.Handler {
+	hosts := map[string]bool{"localhost": true, "127.0.0.1": true, "::1": true}
+	for _, h := range b.cfg.AllowedHosts {
+		hosts[strings.ToLower(h)] = true
+	}
+	origins := map[string]bool{}
+	for _, o := range b.cfg.AllowedOrigins {
+		origins[strings.TrimRight(strings.ToLower(o), "/")] = true
+	}
+	if b.cfg.PublicBaseURL != "" {
+		if u, err := url.Parse(b.cfg.PublicBaseURL); err == nil {
+			hosts[strings.ToLower(u.Hostname())] = true
+			origins[strings.ToLower(u.Scheme+"://"+u.Host)] = true
+		}
+	}
+	hostOK := func(hostport string) bool {
+		h := hostport
+		if hh, _, err := net.SplitHostPort(hostport); err == nil {
+			h = hh
+		}
+		return hosts[strings.ToLower(strings.Trim(h, "[]"))]
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !hostOK(r.Host) {
+			b.log.Warn().Msg("host_rejected")
+			writeJSON(w, http.StatusForbidden, map[string]string{"error": "PERMISSION_DENIED", "message": "Host header is not allowed"})
+			return
+		}
+		if o := r.Header.Get("Origin"); o != "" {
+			u, err := url.Parse(o)
+			if err != nil || (!origins[strings.ToLower(strings.TrimRight(o, "/"))] && !hostOK(u.Host)) {
+				b.log.Warn().Msg("origin_rejected")
+				writeJSON(w, http.StatusForbidden, map[string]string{"error": "PERMISSION_DENIED", "message": "Origin is not allowed"})
+				return
+			}
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+func securityHeaders(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h := w.Header()
+		h.Set("X-Content-Type-Options", "nosniff")
+		h.Set("Referrer-Policy", "no-referrer")
+		h.Set("Cache-Control", "no-store")
+		next.ServeHTTP(w, r)
+	})
+}
+
+func writeJSON(w http.ResponseWriter, code int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+func writeRPCError(w http.ResponseWriter, status, code int, msg string) {
+	writeJSON(w, status, map[string]any{"jsonrpc": "2.0", "id": nil, "error": map[string]any{"code": code, "message": msg}})
+}

@@ -1,0 +1,60 @@
+package quota
+
+import (
+	"context"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+)
+
+// clock is a manually advanced time source for the now hook.
+type clock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func newClock(t time.Time) *clock { return &clock{t: t} }
+
+func (c *clock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t
+}
+
+func (c *clock) Set(t time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.t = t
+}
+
+func (c *clock) Add(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.t = c.t.Add(d)
+}
+
+// t0 is a window-aligned instant (a UTC midnight, so also a minute and
+// hour boundary) that tests offset from.
+var t0 = time.Date(2025, 3, 10, 0, 0, 0, 0, time.UTC)
+
+func dbPath(t testing.TB) string { return filepath.Join(t.TempDir(), "state.db") }
+
+func openStore(t testing.TB, path string, c *clock) *Store {
+	t.Helper()
+	s, err := Open(context.Background(), path, c.Now)
+	if err != nil {
+		t.Fatalf("Open: %v", err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+func mustAllow(t *testing.T, s *Store, p string, l Limits) Decision {
+	t.Helper()
+	d, err := s.AllowCall(context.Background(), p, l)
+	if err != nil {
+		t.Fatalf("AllowCall: %v", err)
+	}
+	return d
+}

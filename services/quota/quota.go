@@ -1,0 +1,141 @@
+package quota
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"time"
+)
+
+// Kind names a budget; it is also the bucket key stored in the database.
+type Kind string
+
+// Budget kinds.
+const (
+	KindCalls     Kind = "calls"
+	KindSandboxes Kind = "sandboxes"
+	KindExecution Kind = "execution_ms" // Limit and Remaining are in milliseconds
+)
+
+// Decision is the outcome of one quota check.
+type Decision struct {
+	Allowed   bool
+	Kind      Kind
+	Limit     int64
+	Remaining int64 // after this decision
+	// RetryAfter is set only when !Allowed: the wait, rounded up to whole
+	// seconds (min 1s), after which the same request would succeed if
+	// nothing else consumes the budget meanwhile.
+	RetryAfter time.Duration
+}
+
+// AllowCall consumes one tool call from the per-minute budget if it fits.
+func (s *Store) AllowCall(ctx context.Context, principal string, l Limits) (Decision, error) {
+	return s.take(ctx, principal, KindCalls, minuteMs, int64(l.CallsPerMinute))
+}
+
+// ReserveSandbox consumes one sandbox creation from the per-hour budget if
+// it fits. The reservation is not refunded if creation later fails: a
+// failed attempt still cost the backend work.
+func (s *Store) ReserveSandbox(ctx context.Context, principal string, l Limits) (Decision, error) {
+	return s.take(ctx, principal, KindSandboxes, hourMs, int64(l.SandboxesPerHour))
+}
+
+// take is the atomic sliding-window check-and-increment.
+func (s *Store) take(ctx context.Context, principal string, kind Kind, size, limit int64) (Decision, error) {
+	if limit <= 0 {
+		return Decision{}, fmt.Errorf("%w: %s", ErrInvalidLimit, kind)
+	}
+	now := s.now()
+	nowMs := now.UnixMilli()
+	cur := windowStart(nowMs, size)
+	d := Decision{Kind: kind, Limit: limit}
+	err := s.writeTx(ctx, now, func(tx *sql.Tx) error {
+		prevN, curN, err := pair(ctx, tx, principal, kind, cur-size, cur)
+		if err != nil {
+			return err
+		}
+		d.Allowed, d.Remaining, d.RetryAfter = slide(nowMs-cur, size, limit, prevN, curN)
+		if !d.Allowed {
+			return nil // rejected requests are not counted
+		}
+		return add(ctx, tx, principal, kind, cur, 1)
+	})
+	if err != nil {
+		return Decision{}, err
+	}
+	return d, nil
+}
+
+// CheckExecution reports whether today's (UTC) execution budget has any
+// time left. It consumes nothing; record actual usage with AddExecution.
+// When spent, RetryAfter is the time until the next UTC midnight.
+func (s *Store) CheckExecution(ctx context.Context, principal string, l Limits) (Decision, error) {
+	limit := l.ExecutionPerDay.Milliseconds()
+	if limit <= 0 {
+		return Decision{}, fmt.Errorf("%w: %s", ErrInvalidLimit, KindExecution)
+	}
+	now := s.now()
+	day := windowStart(now.UnixMilli(), dayMs)
+	var used int64
+	err := s.db.QueryRowContext(ctx, `SELECT count FROM quota_buckets
+		WHERE principal = ?1 AND kind = ?2 AND window_start = ?3`,
+		principal, string(KindExecution), day).Scan(&used)
+	if err != nil && err != sql.ErrNoRows {
+		return Decision{}, fmt.Errorf("quota: read execution: %w", err)
+	}
+	d := Decision{Allowed: used < limit, Kind: KindExecution, Limit: limit, Remaining: max(0, limit-used)}
+	if !d.Allowed {
+		d.RetryAfter = roundRetry(nextUTCMidnight(now).Sub(now))
+	}
+	return d, nil
+}
+
+// AddExecution records d of execution time against today's (UTC) bucket,
+// even past the limit: the time was spent. d is rounded up to whole ms; a
+// run spanning midnight counts entirely on the day it is recorded.
+func (s *Store) AddExecution(ctx context.Context, principal string, d time.Duration) error {
+	if d < 0 {
+		return fmt.Errorf("quota: negative execution time %v", d)
+	}
+	ms := int64((d + time.Millisecond - 1) / time.Millisecond)
+	if ms == 0 {
+		return nil
+	}
+	now := s.now()
+	day := windowStart(now.UnixMilli(), dayMs)
+	return s.writeTx(ctx, now, func(tx *sql.Tx) error {
+		return add(ctx, tx, principal, KindExecution, day, ms)
+	})
+}
+
+// pair reads the counts of the previous and current windows (0 if absent).
+func pair(ctx context.Context, tx *sql.Tx, principal string, kind Kind, prevStart, curStart int64) (prev, cur int64, err error) {
+	rows, err := tx.QueryContext(ctx, sqlSelectPair, principal, string(kind), prevStart, curStart)
+	if err != nil {
+		return 0, 0, fmt.Errorf("quota: read %s: %w", kind, err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var start, n int64
+		if err := rows.Scan(&start, &n); err != nil {
+			return 0, 0, fmt.Errorf("quota: read %s: %w", kind, err)
+		}
+		if start == curStart {
+			cur = n
+		} else {
+			prev = n
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return 0, 0, fmt.Errorf("quota: read %s: %w", kind, err)
+	}
+	return prev, cur, nil
+}
+
+func add(ctx context.Context, tx *sql.Tx, principal string, kind Kind, start, n int64) error {
+	if _, err := tx.ExecContext(ctx, sqlAdd, principal, string(kind), start, n); err != nil {
+		return fmt.Errorf("quota: record %s: %w", kind, err)
+	}
+	return nil
+}

@@ -1,0 +1,198 @@
+package quota
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"net/url"
+	"os"
+	"path/filepath"
+	"sync/atomic"
+	"time"
+
+	_ "modernc.org/sqlite" // registers the "sqlite" driver
+)
+
+// busyTimeoutMs bounds how long a writer waits for another connection (e.g.
+// a second broker process) to release the write lock.
+const busyTimeoutMs = 5000
+
+// pruneEvery: one write transaction in this many also deletes old buckets,
+// keeping the table bounded without paying for a DELETE on every call.
+const pruneEvery = 256
+
+// retention is how long buckets are kept; the longest window needs only the
+// previous hour or the current UTC day, so two days is ample.
+const retention = 48 * time.Hour
+
+// The table is prefixed because state.db may be shared with other packages.
+const schema = `
+CREATE TABLE IF NOT EXISTS quota_buckets (
+	principal    TEXT    NOT NULL,
+	kind         TEXT    NOT NULL,
+	window_start INTEGER NOT NULL, -- unix ms of the fixed window (UTC day for execution)
+	count        INTEGER NOT NULL, -- requests, or ms for execution_ms
+	PRIMARY KEY (principal, kind, window_start)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS quota_buckets_window_start ON quota_buckets (window_start);
+`
+
+const (
+	sqlSelectPair = `SELECT window_start, count FROM quota_buckets
+		WHERE principal = ?1 AND kind = ?2 AND window_start IN (?3, ?4)`
+	sqlAdd = `INSERT INTO quota_buckets (principal, kind, window_start, count)
+		VALUES (?1, ?2, ?3, ?4)
+		ON CONFLICT (principal, kind, window_start) DO UPDATE SET count = count + excluded.count`
+	sqlPrune = `DELETE FROM quota_buckets WHERE window_start < ?1`
+)
+
+// ErrInvalidLimit is returned when a Limits field needed by a call is not
+// positive: a zero limit is treated as a caller bug, not as "unlimited".
+var ErrInvalidLimit = errors.New("quota: limit must be positive")
+
+// Store holds quota counters in a SQLite database file. It is safe for
+// concurrent use, and several Stores (or processes) may share one file.
+type Store struct {
+	db     *sql.DB
+	now    func() time.Time
+	writes atomic.Uint64
+}
+
+// Open opens (creating if needed, mode 0600) the database at path, which
+// may be shared with other packages, and ensures the quota table exists.
+// The parent directory must exist. now is the clock; nil means time.Now.
+func Open(ctx context.Context, path string, now func() time.Time) (*Store, error) {
+	if now == nil {
+		now = time.Now
+	}
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return nil, fmt.Errorf("quota: resolve %q: %w", path, err)
+	}
+	if err := ensurePrivateFile(abs); err != nil {
+		return nil, err
+	}
+	db, err := sql.Open("sqlite", dsn(abs))
+	if err != nil {
+		return nil, fmt.Errorf("quota: open %s: %w", abs, err)
+	}
+	// One connection: in-process callers queue on the pool (cheap, honours
+	// ctx) instead of spinning in SQLite's busy handler; other processes
+	// are still serialised by the file lock plus busy_timeout.
+	db.SetMaxOpenConns(1)
+	db.SetMaxIdleConns(1)
+	db.SetConnMaxLifetime(0)
+	db.SetConnMaxIdleTime(0)
+
+	s := &Store{db: db, now: now}
+	if err := s.init(ctx); err != nil {
+		db.Close()
+		return nil, err
+	}
+	return s, nil
+}
+
+// dsn builds a file: URI so any character in the path is escaped rather
+// than being mistaken for URI syntax.
+//   - WAL lets readers run alongside the single writer.
+//   - synchronous=NORMAL survives process crashes (the restart case); only
+//     an OS crash/power loss can drop the last few increments.
+//   - _txlock=immediate makes every read-write BeginTx take the write lock
+//     up front, so read-then-increment cannot race or deadlock.
+func dsn(abs string) string {
+	q := url.Values{}
+	q.Add("_pragma", fmt.Sprintf("busy_timeout(%d)", busyTimeoutMs))
+	q.Add("_pragma", "journal_mode(WAL)")
+	q.Add("_pragma", "synchronous(NORMAL)")
+	q.Set("_txlock", "immediate")
+	u := url.URL{Scheme: "file", Path: filepath.ToSlash(abs), RawQuery: q.Encode()}
+	return u.String()
+}
+
+// ensurePrivateFile creates the database file 0600 before SQLite does
+// (SQLite would use 0644 minus umask); its -wal/-shm files copy this mode.
+// An existing file is tightened to 0600 as well.
+func ensurePrivateFile(abs string) error {
+	f, err := os.OpenFile(abs, os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return fmt.Errorf("quota: create %s: %w", abs, err)
+	}
+	fi, err := f.Stat()
+	if err == nil && fi.Mode().Perm() != 0o600 {
+		err = f.Chmod(0o600)
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("quota: secure %s: %w", abs, err)
+	}
+	return nil
+}
+
+func (s *Store) init(ctx context.Context) error {
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("quota: init: %w", err)
+	}
+	defer tx.Rollback()
+	if _, err := tx.ExecContext(ctx, schema); err != nil {
+		return fmt.Errorf("quota: create schema: %w", err)
+	}
+	if err := s.prune(ctx, tx, s.now()); err != nil {
+		return err
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("quota: init: %w", err)
+	}
+	return nil
+}
+
+// Close releases the database.
+func (s *Store) Close() error {
+	if err := s.db.Close(); err != nil {
+		return fmt.Errorf("quota: close: %w", err)
+	}
+	return nil
+}
+
+// Ping reports whether the database is reachable and the quota table is
+// readable (for health checks).
+func (s *Store) Ping(ctx context.Context) error {
+	var n int
+	err := s.db.QueryRowContext(ctx, `SELECT count(*) FROM (SELECT 1 FROM quota_buckets LIMIT 1)`).Scan(&n)
+	if err != nil {
+		return fmt.Errorf("quota: ping: %w", err)
+	}
+	return nil
+}
+
+func (s *Store) prune(ctx context.Context, tx *sql.Tx, now time.Time) error {
+	if _, err := tx.ExecContext(ctx, sqlPrune, now.Add(-retention).UnixMilli()); err != nil {
+		return fmt.Errorf("quota: prune: %w", err)
+	}
+	return nil
+}
+
+// writeTx runs fn in a BEGIN IMMEDIATE transaction (see dsn) and commits,
+// pruning old buckets on every pruneEvery-th write.
+func (s *Store) writeTx(ctx context.Context, now time.Time, fn func(*sql.Tx) error) error {
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("quota: begin: %w", err)
+	}
+	defer tx.Rollback()
+	if err := fn(tx); err != nil {
+		return err
+	}
+	if s.writes.Add(1)%pruneEvery == 0 {
+		if err := s.prune(ctx, tx, now); err != nil {
+			return err
+		}
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("quota: commit: %w", err)
+	}
+	return nil
+}

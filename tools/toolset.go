@@ -1,0 +1,164 @@
+// Package tools defines the broker's MCP tools. Each tool is a small
+// constructor that returns its definition and handler with its dependencies
+// injected; tools are grouped into toolsets an operator can enable.
+package tools
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"strings"
+
+	"github.com/mark3labs/mcp-go/mcp"
+	"github.com/mark3labs/mcp-go/server"
+
+	"github.com/sandbox-broker/sandbox-broker/middleware"
+	"github.com/sandbox-broker/sandbox-broker/services/brokererr"
+	"github.com/sandbox-broker/sandbox-broker/services/identity"
+)
+
+// ServerTool is a tool ready to register: definition, handler, argument spec.
+type ServerTool struct {
+	Tool    mcp.Tool
+	Handler server.ToolHandlerFunc
+	Args    middleware.ArgSpec
+}
+
+// ReadOnly reports the tool's readOnlyHint, the single source of truth for
+// read-only mode.
+func (t ServerTool) ReadOnly() bool {
+	return t.Tool.Annotations.ReadOnlyHint != nil && *t.Tool.Annotations.ReadOnlyHint
+}
+
+// Handler is a typed tool body. It runs only after the chain has
+// authenticated, validated, rate-limited and audited the call.
+type Handler[A any] func(ctx context.Context, p identity.Principal, args *A) (*mcp.CallToolResult, error)
+
+// newTool builds a ServerTool whose input schema comes from A's tags.
+func newTool[A any](name, description string, maxArgBytes int, ann mcp.ToolAnnotation, h Handler[A]) ServerTool {
+	spec := middleware.Args[A](maxArgBytes)
+	def := mcp.NewTool(name, mcp.WithDescription(description), mcp.WithToolAnnotation(ann))
+	// The raw schema replaces the default one; mcp-go refuses both at once.
+	def.InputSchema = mcp.ToolInputSchema{}
+	def.RawInputSchema = spec.Schema()
+	handler := func(ctx context.Context, _ mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+		p, ok := identity.FromContext(ctx)
+		args, okArgs := middleware.ArgsFrom[A](ctx)
+		if !ok || !okArgs {
+			// Reached without the chain: refuse rather than run unchecked.
+			return nil, brokererr.New(brokererr.InternalError, "tool called outside the middleware chain")
+		}
+		return h(ctx, p, args)
+	}
+	return ServerTool{Tool: def, Handler: handler, Args: spec}
+}
+
+func boolPtr(b bool) *bool { return &b }
+
+// readAnnotations marks a tool that changes nothing.
+func readAnnotations(title string) mcp.ToolAnnotation {
+	return mcp.ToolAnnotation{Title: title, ReadOnlyHint: boolPtr(true), DestructiveHint: boolPtr(false),
+		IdempotentHint: boolPtr(true), OpenWorldHint: boolPtr(false)}
+}
+
+// writeAnnotations marks a tool that changes state; destructive says whether
+// it can delete or overwrite.
+func writeAnnotations(title string, destructive, idempotent bool) mcp.ToolAnnotation {
+	return mcp.ToolAnnotation{Title: title, ReadOnlyHint: boolPtr(false), DestructiveHint: boolPtr(destructive),
+		IdempotentHint: boolPtr(idempotent), OpenWorldHint: boolPtr(false)}
+}
+
+// Toolset is a named group of tools an operator can enable.
+type Toolset struct {
+	Name        string
+	Description string
+	read, write []ServerTool
+}
+
+// NewToolset starts an empty toolset.
+func NewToolset(name, description string) *Toolset {
+	return &Toolset{Name: name, Description: description}
+}
+
+// AddReadTools adds tools that must declare readOnlyHint=true; a mislabelled
+// tool is a programming error and cannot ship.
+func (ts *Toolset) AddReadTools(tools ...ServerTool) *Toolset {
+	for _, t := range tools {
+		if !t.ReadOnly() {
+			panic(fmt.Sprintf("tool %s added as read-only but does not declare readOnlyHint=true", t.Tool.Name))
+		}
+	}
+	ts.read = append(ts.read, tools...)
+	return ts
+}
+
+// AddWriteTools adds tools that must not claim to be read-only.
+func (ts *Toolset) AddWriteTools(tools ...ServerTool) *Toolset {
+	for _, t := range tools {
+		if t.ReadOnly() {
+			panic(fmt.Sprintf("tool %s added as a write tool but declares readOnlyHint=true", t.Tool.Name))
+		}
+	}
+	ts.write = append(ts.write, tools...)
+	return ts
+}
+
+// Tools returns the toolset's tools; write tools only when readOnly is false.
+func (ts *Toolset) Tools(readOnly bool) []ServerTool {
+	out := append([]ServerTool{}, ts.read...)
+	if !readOnly {
+		out = append(out, ts.write...)
+	}
+	return out
+}
+
+// Group is every toolset the broker knows.
+type Group struct {
+	sets []*Toolset
+}
+
+// Toolsets returns the group's toolsets in registration order.
+func (g *Group) Toolsets() []*Toolset { return g.sets }
+
+// Enable resolves toolset names ("all" enables every one) into tools,
+// sorted by name. Unknown names are an error, not silently ignored.
+func (g *Group) Enable(names []string, readOnly bool) ([]ServerTool, error) {
+	want := map[string]bool{}
+	for _, n := range names {
+		want[n] = true
+	}
+	var out []ServerTool
+	seen := map[string]bool{}
+	for _, ts := range g.sets {
+		if !want["all"] && !want[ts.Name] {
+			continue
+		}
+		delete(want, ts.Name)
+		for _, t := range ts.Tools(readOnly) {
+			if seen[t.Tool.Name] {
+				return nil, fmt.Errorf("tool %s is defined twice", t.Tool.Name)
+			}
+			seen[t.Tool.Name] = true
+			out = append(out, t)
+		}
+	}
+	delete(want, "all")
+	if len(want) > 0 {
+		var unknown []string
+		for n := range want {
+			unknown = append(unknown, n)
+		}
+		sort.Strings(unknown)
+		return nil, fmt.Errorf("unknown toolset(s) %s; known: %s", strings.Join(unknown, ", "), strings.Join(g.names(), ", "))
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Tool.Name < out[j].Tool.Name })
+	return out, nil
+}
+
+func (g *Group) names() []string {
+	out := []string{"all"}
+	for _, ts := range g.sets {
+		out = append(out, ts.Name)
+	}
+	return out
+}
