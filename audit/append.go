@@ -39,7 +39,7 @@ func (l *Log) Append(ctx context.Context, r Record) (int64, error) {
 	}
 	leaf := leafHash(b)
 	mac := computeMAC(l.opts.Keys.HMACKey, seq, l.lastMAC, leaf)
-	if err := l.insert(ctx, seq, ts, rec, b, leaf, mac); err != nil {
+	if err := l.insert(ctx, seq, ts, rec, leaf, mac); err != nil {
 		// Resynchronise in case the commit outcome is unknown; the chain
 		// trigger rejects anything that does not follow the stored tail.
 		if rerr := l.loadState(context.WithoutCancel(ctx)); rerr != nil {
@@ -56,7 +56,7 @@ func (l *Log) Append(ctx context.Context, r Record) (int64, error) {
 	return seq, nil
 }
 
-func (l *Log) insert(ctx context.Context, seq int64, ts string, r Record, body []byte, leaf tlog.Hash, mac []byte) error {
+func (l *Log) insert(ctx context.Context, seq int64, ts string, r Record, leaf tlog.Hash, mac []byte) error {
 	tx, err := l.db.BeginTx(ctx, nil)
 	if err != nil {
 		return fmt.Errorf("audit: begin: %w", err)
@@ -70,7 +70,7 @@ func (l *Log) insert(ctx context.Context, seq int64, ts string, r Record, body [
 	if err != nil {
 		return fmt.Errorf("audit: insert seq %d: %w", seq, err)
 	}
-	hashes, err := tlog.StoredHashes(seq-1, body, hashReader{ctx: ctx, q: tx})
+	hashes, err := tlog.StoredHashesForRecordHash(seq-1, leaf, hashReader{ctx: ctx, q: tx})
 	if err != nil {
 		return fmt.Errorf("audit: tree hashes: %w", err)
 	}

@@ -226,7 +226,7 @@ func deriveVerifierKey(skFile string) ([]byte, error) {
 		return nil, err
 	}
 	bad := fmt.Errorf("signing key file %s is malformed", skFile)
-	parts := strings.Split(strings.TrimSpace(string(b)), "+")
+	parts := strings.SplitN(strings.TrimSpace(string(b)), "+", 5) // base64 may contain "+"
 	if len(parts) != 5 || parts[0] != "PRIVATE" || parts[1] != "KEY" {
 		return nil, bad
 	}

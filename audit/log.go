@@ -1,6 +1,7 @@
 package audit
 
 import (
+	"bytes"
 	"context"
 	"crypto/hmac"
 	"database/sql"
@@ -157,7 +158,19 @@ func (l *Log) loadState(ctx context.Context) error {
 		return fmt.Errorf("%w: bad timestamp at seq %d", ErrIntegrity, last.Seq)
 	}
 	l.lastSeq, l.lastMAC, l.lastTS = last.Seq, last.MAC, ts
-	return l.checkTreeSize(ctx, last.Seq)
+	if err := l.checkTreeSize(ctx, last.Seq); err != nil {
+		return err
+	}
+	// The stored tree must end with this row's leaf, or checkpoints signed
+	// from it would not cover what the table holds.
+	h, err := hashReader{ctx: ctx, q: l.db}.ReadHashes([]int64{tlog.StoredHashIndex(0, last.Seq-1)})
+	if err != nil {
+		return fmt.Errorf("audit: read tree: %w", err)
+	}
+	if !bytes.Equal(h[0][:], last.Leaf) {
+		return fmt.Errorf("%w: stored tree does not match seq %d", ErrIntegrity, last.Seq)
+	}
+	return nil
 }
 
 func (l *Log) checkTreeSize(ctx context.Context, n int64) error {

@@ -28,7 +28,7 @@ func (s Secret) MarshalText() ([]byte, error) { return []byte("[REDACTED]"), nil
 // sets each field; flags, where they exist, override the environment.
 type Config struct {
 	Transport          string   `env:"MCP_TRANSPORT" validate:"oneof=stdio http"`
-	Addr               string   `env:"MCP_HTTP_ADDR" validate:"hostname_port"`
+	Addr               string   `env:"MCP_HTTP_ADDR" validate:"listen_addr"`
 	APIToken           Secret   `env:"MCP_API_TOKEN" validate:"omitempty,min=16,max=512,printascii"`
 	APIPrincipal       string   `env:"MCP_API_PRINCIPAL" validate:"principal"`
 	APITier            string   `env:"MCP_API_TIER" validate:"oneof=free pro"`
@@ -170,6 +170,18 @@ func newValidator() *validator.Validate {
 			}
 		}
 		return true
+	})
+	// host:port where port 0 (any free port) is allowed, unlike hostname_port.
+	_ = v.RegisterValidation("listen_addr", func(fl validator.FieldLevel) bool {
+		host, port, err := net.SplitHostPort(fl.Field().String())
+		if err != nil {
+			return false
+		}
+		n, err := strconv.Atoi(port)
+		if err != nil || n < 0 || n > 65535 {
+			return false
+		}
+		return host == "" || net.ParseIP(host) != nil || v.Var(host, "hostname_rfc1123") == nil
 	})
 	_ = v.RegisterValidation("toolset", func(fl validator.FieldLevel) bool {
 		return KnownToolsets[fl.Field().String()]

@@ -46,6 +46,8 @@ type Deps struct {
 	Redactor *redact.Redactor
 	Log      zerolog.Logger
 	Now      func() time.Time
+	// Rejections throttles audit rows of refused calls; nil writes them all.
+	Rejections *RejectionThrottle
 }
 
 // call is the per-call record the stages share through the context.
@@ -134,23 +136,67 @@ func (d Deps) observe(next server.ToolHandlerFunc) server.ToolHandlerFunc {
 		outcome := classify(res, err, c.audited)
 		code := brokererr.CodeOf(err)
 		if !c.audited {
-			rec := audit.Record{CallID: c.id, Phase: audit.PhaseOutcome, Principal: c.principal, Tool: c.tool,
-				Params: c.params, Outcome: outcome, ErrorCode: string(code), DurationMS: dur.Milliseconds()}
-			if _, aerr := d.Audit.Append(ctx, rec); aerr != nil {
-				d.Metrics.auditFailures.Inc()
-				d.Log.Error().Str("call_id", c.id).Str("tool", c.tool).Msg("audit_write_failed")
-			}
+			d.auditRejection(ctx, c, outcome, code, dur)
 		}
 		d.Metrics.observe(c.tool, string(outcome), dur)
 		ev := d.Log.Info()
 		if outcome != audit.OutcomeSuccess {
 			ev = d.Log.Warn()
 		}
-		ev.Str("call_id", c.id).Str("tool", c.tool).Str("principal", c.principal).
+		ev = ev.Str("call_id", c.id).Str("tool", c.tool).Str("principal", c.principal).
 			Str("outcome", string(outcome)).Str("error_code", string(code)).
-			Int64("duration_ms", dur.Milliseconds()).Msg("tool_call")
+			Int64("duration_ms", dur.Milliseconds())
+		if cause := internalCause(err); cause != "" {
+			ev = ev.Str("cause", d.Redactor.Message(cause, 300))
+		}
+		ev.Msg("tool_call")
 		return res, err
 	}
+}
+
+// internalCause is the server-side reason behind an error, for the log only.
+func internalCause(err error) string {
+	if err == nil {
+		return ""
+	}
+	if e := brokererr.As(err); e != nil {
+		if u := e.Unwrap(); u != nil {
+			return u.Error()
+		}
+		return ""
+	}
+	return err.Error()
+}
+
+// auditRejection writes the single row of a call refused before the handler.
+// Rows are throttled per principal so a flood of refused calls cannot grow
+// the log without bound; the next row written carries the suppressed count.
+func (d Deps) auditRejection(ctx context.Context, c *call, outcome audit.Outcome, code brokererr.Code, dur time.Duration) {
+	params := c.params
+	if d.Rejections != nil {
+		allowed, suppressed := d.Rejections.admit(c.principal)
+		if !allowed {
+			d.Metrics.auditSuppressed.Inc()
+			return
+		}
+		if suppressed > 0 {
+			params = withSuppressed(params, suppressed)
+		}
+	}
+	rec := audit.Record{CallID: c.id, Phase: audit.PhaseOutcome, Principal: c.principal, Tool: c.tool,
+		Params: params, Outcome: outcome, ErrorCode: string(code), DurationMS: dur.Milliseconds()}
+	if _, err := d.Audit.Append(ctx, rec); err != nil {
+		d.Metrics.auditFailures.Inc()
+		d.Log.Error().Str("call_id", c.id).Str("tool", c.tool).Msg("audit_write_failed")
+	}
+}
+
+func withSuppressed(params json.RawMessage, n int64) json.RawMessage {
+	m := map[string]any{}
+	_ = json.Unmarshal(params, &m)
+	m["suppressed_rejections"] = n
+	b, _ := json.Marshal(m)
+	return b
 }
 
 func classify(res *mcp.CallToolResult, err error, reachedHandler bool) audit.Outcome {

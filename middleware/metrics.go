@@ -14,6 +14,8 @@ type Metrics struct {
 	duration      *prometheus.HistogramVec
 	rateLimited   *prometheus.CounterVec
 	auditFailures prometheus.Counter
+	// auditSuppressed counts refused calls whose audit row was throttled.
+	auditSuppressed prometheus.Counter
 }
 
 // NewMetrics registers the series plus Go and process collectors.
@@ -33,8 +35,11 @@ func NewMetrics() *Metrics {
 		auditFailures: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "sandbox_broker_audit_write_failures_total", Help: "Audit rows that could not be written.",
 		}),
+		auditSuppressed: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "sandbox_broker_audit_rejections_suppressed_total", Help: "Refused calls whose audit row was throttled.",
+		}),
 	}
-	m.Registry.MustRegister(m.calls, m.duration, m.rateLimited, m.auditFailures,
+	m.Registry.MustRegister(m.calls, m.duration, m.rateLimited, m.auditFailures, m.auditSuppressed,
 		prometheus.NewGoCollector(), prometheus.NewProcessCollector(prometheus.ProcessCollectorOpts{}))
 	return m
 }

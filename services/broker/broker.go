@@ -121,6 +121,9 @@ func (b *Broker) newMCPServer() *server.MCPServer {
 		Metrics:  b.metrics,
 		Redactor: b.redactor,
 		Log:      logging.Component(b.log, "tools"),
+		// 5 rows/s with a burst of 50 per principal keeps every refusal of
+		// normal clients while bounding a flood.
+		Rejections: middleware.NewRejectionThrottle(5, 50),
 	})
 	opts := []server.ServerOption{
 		server.WithToolCapabilities(false),

@@ -46,12 +46,11 @@ func (s *Store) take(ctx context.Context, principal string, kind Kind, size, lim
 	if limit <= 0 {
 		return Decision{}, fmt.Errorf("%w: %s", ErrInvalidLimit, kind)
 	}
-	now := s.now()
-	nowMs := now.UnixMilli()
-	cur := windowStart(nowMs, size)
 	d := Decision{Kind: kind, Limit: limit}
-	err := s.writeTx(ctx, now, func(tx *sql.Tx) error {
-		prevN, curN, err := pair(ctx, tx, principal, kind, cur-size, cur)
+	err := s.writeTx(ctx, func(tx *sql.Tx, now time.Time) error {
+		nowMs := now.UnixMilli()
+		cur := windowStart(nowMs, size)
+		prevN, curN, err := s.pair(ctx, tx, principal, kind, cur-size, cur)
 		if err != nil {
 			return err
 		}
@@ -59,7 +58,7 @@ func (s *Store) take(ctx context.Context, principal string, kind Kind, size, lim
 		if !d.Allowed {
 			return nil // rejected requests are not counted
 		}
-		return add(ctx, tx, principal, kind, cur, 1)
+		return s.add(ctx, tx, principal, kind, cur, 1)
 	})
 	if err != nil {
 		return Decision{}, err
@@ -102,16 +101,14 @@ func (s *Store) AddExecution(ctx context.Context, principal string, d time.Durat
 	if ms == 0 {
 		return nil
 	}
-	now := s.now()
-	day := windowStart(now.UnixMilli(), dayMs)
-	return s.writeTx(ctx, now, func(tx *sql.Tx) error {
-		return add(ctx, tx, principal, KindExecution, day, ms)
+	return s.writeTx(ctx, func(tx *sql.Tx, now time.Time) error {
+		return s.add(ctx, tx, principal, KindExecution, windowStart(now.UnixMilli(), dayMs), ms)
 	})
 }
 
 // pair reads the counts of the previous and current windows (0 if absent).
-func pair(ctx context.Context, tx *sql.Tx, principal string, kind Kind, prevStart, curStart int64) (prev, cur int64, err error) {
-	rows, err := tx.QueryContext(ctx, sqlSelectPair, principal, string(kind), prevStart, curStart)
+func (s *Store) pair(ctx context.Context, tx *sql.Tx, principal string, kind Kind, prevStart, curStart int64) (prev, cur int64, err error) {
+	rows, err := tx.StmtContext(ctx, s.selectPair).QueryContext(ctx, principal, string(kind), prevStart, curStart)
 	if err != nil {
 		return 0, 0, fmt.Errorf("quota: read %s: %w", kind, err)
 	}
@@ -133,8 +130,8 @@ func pair(ctx context.Context, tx *sql.Tx, principal string, kind Kind, prevStar
 	return prev, cur, nil
 }
 
-func add(ctx context.Context, tx *sql.Tx, principal string, kind Kind, start, n int64) error {
-	if _, err := tx.ExecContext(ctx, sqlAdd, principal, string(kind), start, n); err != nil {
+func (s *Store) add(ctx context.Context, tx *sql.Tx, principal string, kind Kind, start, n int64) error {
+	if _, err := tx.StmtContext(ctx, s.upsert).ExecContext(ctx, principal, string(kind), start, n); err != nil {
 		return fmt.Errorf("quota: record %s: %w", kind, err)
 	}
 	return nil

@@ -1,0 +1,260 @@
+// Package tests drives the real sandbox-broker binary through real MCP
+// clients: mcp-go's client here, and the official TypeScript SDK under ts/.
+package tests
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/mark3labs/mcp-go/client"
+	"github.com/mark3labs/mcp-go/client/transport"
+	"github.com/mark3labs/mcp-go/mcp"
+)
+
+// brokerBin is the binary under test, built once per run.
+var brokerBin string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "sandbox-broker-bin-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	brokerBin = filepath.Join(dir, "sandbox-broker")
+	build := exec.Command("go", "build", "-o", brokerBin, "../cmd/sandbox-broker")
+	build.Stdout, build.Stderr = os.Stderr, os.Stderr
+	if err := build.Run(); err != nil {
+		fmt.Fprintln(os.Stderr, "build broker:", err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// Broker is a running broker process.
+type Broker struct {
+	URL   string // http://127.0.0.1:port
+	Token string
+	Root  string
+	cmd   *exec.Cmd
+	logs  *syncBuffer
+	done  chan struct{}
+}
+
+// BrokerOpts configure StartHTTP. Env is added to a minimal environment.
+type BrokerOpts struct {
+	Root  string // reuse a root to test restarts; default t.TempDir()
+	Token string // MCP_API_TOKEN; "" = let the broker generate one
+	Env   map[string]string
+	Args  []string
+}
+
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.buf.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.buf.String()
+}
+
+func brokerEnv(root, token string, extra map[string]string) []string {
+	env := []string{"PATH=" + os.Getenv("PATH"), "HOME=" + os.Getenv("HOME"), "SANDBOX_ROOT=" + root, "LOG_LEVEL=debug"}
+	if token != "" {
+		env = append(env, "MCP_API_TOKEN="+token)
+	}
+	for k, v := range extra {
+		env = append(env, k+"="+v)
+	}
+	return env
+}
+
+// StartHTTP starts the broker on a free loopback port and waits until it
+// reports the address it listens on.
+func StartHTTP(t testing.TB, o BrokerOpts) *Broker {
+	t.Helper()
+	if o.Root == "" {
+		o.Root = t.TempDir()
+	}
+	args := append([]string{"serve", "--transport", "http", "--addr", "127.0.0.1:0"}, o.Args...)
+	cmd := exec.Command(brokerBin, args...)
+	cmd.Env = brokerEnv(o.Root, o.Token, o.Env)
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	b := &Broker{Root: o.Root, cmd: cmd, logs: &syncBuffer{}, done: make(chan struct{})}
+	addrc := make(chan string, 1)
+	go func() {
+		defer close(b.done)
+		sc := bufio.NewScanner(stderr)
+		sc.Buffer(make([]byte, 0, 64<<10), 4<<20)
+		for sc.Scan() {
+			line := sc.Text()
+			b.logs.Write([]byte(line + "\n"))
+			var ev struct {
+				Message, Addr string
+			}
+			if json.Unmarshal([]byte(line), &ev) == nil && ev.Message == "http_listening" {
+				addrc <- ev.Addr
+			}
+		}
+		_ = cmd.Wait()
+	}()
+	t.Cleanup(func() { b.Stop(t) })
+	select {
+	case addr := <-addrc:
+		b.URL = "http://" + addr
+	case <-b.done:
+		t.Fatalf("broker exited before listening:\n%s", b.logs.String())
+	case <-time.After(30 * time.Second):
+		t.Fatalf("broker did not listen within 30s:\n%s", b.logs.String())
+	}
+	b.Token = o.Token
+	if _, tokensFile := o.Env["MCP_TOKENS_FILE"]; b.Token == "" && !tokensFile {
+		raw, err := os.ReadFile(filepath.Join(o.Root, "api_token"))
+		if err != nil {
+			t.Fatalf("generated token: %v", err)
+		}
+		b.Token = strings.TrimSpace(string(raw))
+	}
+	return b
+}
+
+// Stop sends SIGTERM and waits for a clean exit (idempotent).
+func (b *Broker) Stop(t testing.TB) {
+	select {
+	case <-b.done:
+		return
+	default:
+	}
+	_ = b.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-b.done:
+	case <-time.After(20 * time.Second):
+		_ = b.cmd.Process.Kill()
+		<-b.done
+		t.Errorf("broker did not stop on SIGTERM")
+	}
+}
+
+// Logs returns everything the broker wrote to stderr so far.
+func (b *Broker) Logs() string { return b.logs.String() }
+
+// Client returns an initialised mcp-go Streamable HTTP client for token.
+func (b *Broker) Client(t testing.TB, token string) *client.Client {
+	t.Helper()
+	c, err := client.NewStreamableHttpClient(b.URL+"/mcp",
+		transport.WithHTTPHeaders(map[string]string{"Authorization": "Bearer " + token}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	initClient(t, c)
+	return c
+}
+
+// StartStdio starts the broker on stdio and returns an initialised client.
+func StartStdio(t testing.TB, root string, extra map[string]string) *client.Client {
+	t.Helper()
+	if root == "" {
+		root = t.TempDir()
+	}
+	env := brokerEnv(root, "", extra)
+	c, err := client.NewStdioMCPClient(brokerBin, env, "serve", "--transport", "stdio")
+	if err != nil {
+		t.Fatal(err)
+	}
+	initClient(t, c)
+	return c
+}
+
+func initClient(t testing.TB, c *client.Client) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := c.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	req := mcp.InitializeRequest{}
+	req.Params.ProtocolVersion = mcp.LATEST_LEGACY_PROTOCOL_VERSION
+	req.Params.ClientInfo = mcp.Implementation{Name: "sandbox-broker-tests", Version: "1"}
+	if _, err := c.Initialize(ctx, req); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+}
+
+// callTool calls a tool with a per-call timeout.
+func callTool(t testing.TB, c *client.Client, name string, args any) *mcp.CallToolResult {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	var req mcp.CallToolRequest
+	req.Params.Name = name
+	req.Params.Arguments = args
+	res, err := c.CallTool(ctx, req)
+	if err != nil {
+		t.Fatalf("%s: %v", name, err)
+	}
+	return res
+}
+
+// toolError is the structured error body every failed tool call carries.
+type toolError struct {
+	Error       string `json:"error"`
+	Message     string `json:"message"`
+	Retryable   bool   `json:"retryable"`
+	RetryAfterS *int64 `json:"retry_after_s"`
+}
+
+// resultJSON decodes a result's text content into v.
+func resultJSON(t testing.TB, res *mcp.CallToolResult, v any) {
+	t.Helper()
+	if len(res.Content) == 0 {
+		t.Fatalf("result has no content")
+	}
+	tc, ok := res.Content[0].(mcp.TextContent)
+	if !ok {
+		t.Fatalf("first content is %T, want text", res.Content[0])
+	}
+	if err := json.Unmarshal([]byte(tc.Text), v); err != nil {
+		t.Fatalf("decode %q: %v", tc.Text, err)
+	}
+}
+
+// mustToolError asserts res is an error result with code.
+func mustToolError(t testing.TB, res *mcp.CallToolResult, code string) toolError {
+	t.Helper()
+	if !res.IsError {
+		t.Fatalf("want %s error, got success: %+v", code, res.Content)
+	}
+	var e toolError
+	resultJSON(t, res, &e)
+	if e.Error != code {
+		t.Fatalf("error = %s (%q), want %s", e.Error, e.Message, code)
+	}
+	return e
+}
