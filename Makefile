@@ -1,0 +1,48 @@
+# sandbox-broker developer targets. `make test` is the one test command.
+GO        ?= go
+VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+LDFLAGS   := -s -w -X main.version=$(VERSION)
+FUZZTIME  ?= 30s
+STATICCHECK ?= $(shell command -v staticcheck 2>/dev/null || echo $(HOME)/go/bin/staticcheck)
+
+.PHONY: build run test lint fuzz bench docs runners image clean
+
+build:
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o bin/sandbox-broker ./cmd/sandbox-broker
+
+run:
+	$(GO) run ./cmd/sandbox-broker serve
+
+test:
+	$(GO) test -race -count=1 -timeout 30m ./...
+
+lint:
+	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo "gofmt: files above need formatting"; exit 1; }
+	$(GO) vet ./...
+	@test -x "$(STATICCHECK)" || $(GO) install honnef.co/go/tools/cmd/staticcheck@v0.8.2
+	$(STATICCHECK) ./...
+	$(GO) run ./cmd/sandbox-broker docs --check
+
+# Each fuzz target runs for FUZZTIME; go test allows one -fuzz target per run.
+fuzz:
+	@for pkg in $$($(GO) list ./...); do \
+	  for f in $$($(GO) test -list '^Fuzz' $$pkg | grep '^Fuzz'); do \
+	    echo "== $$pkg $$f"; $(GO) test -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZTIME) $$pkg || exit 1; \
+	  done; \
+	done
+
+bench:
+	$(GO) test -run '^$$' -bench . -benchmem -count=1 ./...
+
+docs:
+	$(GO) run ./cmd/sandbox-broker docs
+
+runners:
+	runners/build.sh
+
+image: build
+	runners/base/build-base.sh
+	docker build -t sandbox-broker:$(VERSION) -t sandbox-broker:latest .
+
+clean:
+	rm -rf bin
