@@ -88,16 +88,16 @@ func splitNotes(data []byte) [][]byte {
 	return notes
 }
 
-// readCheckpoints reads and verifies every checkpoint. A missing file is no
-// checkpoints. Bad entries are reported by index (1-based) via badIndex and
-// problem; err is only for I/O.
-func readCheckpoints(path string, v note.Verifier) (cps []checkpoint, badIndex int, problem string, err error) {
+// readCheckpoints reads and verifies every checkpoint, stopping at the first
+// bad one (reported in problem, numbered from 1) and returning those before
+// it. A missing file is no checkpoints. err is only for I/O.
+func readCheckpoints(path string, v note.Verifier) (cps []checkpoint, problem string, err error) {
 	data, err := os.ReadFile(path)
 	if errors.Is(err, fs.ErrNotExist) {
-		return nil, 0, "", nil
+		return nil, "", nil
 	}
 	if err != nil {
-		return nil, 0, "", fmt.Errorf("audit: read checkpoints: %w", err)
+		return nil, "", fmt.Errorf("audit: read checkpoints: %w", err)
 	}
 	for i, msg := range splitNotes(data) {
 		n, err := note.Open(msg, note.VerifierList(v))
@@ -107,21 +107,21 @@ func readCheckpoints(path string, v note.Verifier) (cps []checkpoint, badIndex i
 			var unv *note.UnverifiedNoteError
 			switch {
 			case errors.As(err, &inv), errors.As(err, &unk), errors.As(err, &unv):
-				return cps, i + 1, fmt.Sprintf("checkpoint signature invalid (checkpoint %d)", i+1), nil
+				return cps, fmt.Sprintf("checkpoint signature invalid (checkpoint %d)", i+1), nil
 			default:
-				return cps, i + 1, fmt.Sprintf("checkpoint malformed (checkpoint %d)", i+1), nil
+				return cps, fmt.Sprintf("checkpoint malformed (checkpoint %d)", i+1), nil
 			}
 		}
 		size, root, err := parseCheckpointText(n.Text)
 		if err != nil {
-			return cps, i + 1, fmt.Sprintf("checkpoint malformed (checkpoint %d: %v)", i+1, err), nil
+			return cps, fmt.Sprintf("checkpoint malformed (checkpoint %d: %v)", i+1, err), nil
 		}
 		if len(cps) > 0 && size < cps[len(cps)-1].Size {
-			return cps, i + 1, fmt.Sprintf("checkpoint sizes out of order (checkpoint %d)", i+1), nil
+			return cps, fmt.Sprintf("checkpoint sizes out of order (checkpoint %d)", i+1), nil
 		}
 		cps = append(cps, checkpoint{Size: size, Root: root, Msg: msg})
 	}
-	return cps, 0, "", nil
+	return cps, "", nil
 }
 
 // appendCheckpoint appends one signed note plus a blank separator line and

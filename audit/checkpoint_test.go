@@ -17,7 +17,7 @@ import (
 // parseFile reads back the checkpoint file with only the public key.
 func parseFile(t *testing.T, f *fixture) []checkpoint {
 	t.Helper()
-	cps, _, problem, err := readCheckpoints(f.opts.CheckpointPath, f.keys.Verifier)
+	cps, problem, err := readCheckpoints(f.opts.CheckpointPath, f.keys.Verifier)
 	if err != nil || problem != "" {
 		t.Fatalf("readCheckpoints: %v %q", err, problem)
 	}

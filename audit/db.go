@@ -128,6 +128,17 @@ func createSchema(ctx context.Context, db *sql.DB) error {
 	if v != 0 && v != schemaVersion {
 		return fmt.Errorf("unsupported audit schema version %d", v)
 	}
+	if v != 0 {
+		// CREATE TRIGGER IF NOT EXISTS would quietly restore dropped
+		// triggers; a drop means someone else wrote to the file.
+		missing, err := missingTriggers(ctx, tx)
+		if err != nil {
+			return err
+		}
+		if len(missing) > 0 {
+			return fmt.Errorf("%w: triggers missing: %v", ErrIntegrity, missing)
+		}
+	}
 	for _, s := range schema {
 		if _, err := tx.ExecContext(ctx, s); err != nil {
 			return err
@@ -142,15 +153,35 @@ func createSchema(ctx context.Context, db *sql.DB) error {
 	return tx.Commit()
 }
 
-// errNoDB reports a missing database file to read-only callers.
-var errNoDB = errors.New("audit: database does not exist")
+// triggers are the names created by schema.
+var triggers = []string{"audit_no_update", "audit_no_delete", "audit_chain",
+	"audit_tree_no_update", "audit_tree_no_delete", "audit_tree_dense"}
+
+func missingTriggers(ctx context.Context, q querier) ([]string, error) {
+	var missing []string
+	for _, name := range triggers {
+		var n int
+		err := q.QueryRowContext(ctx, "SELECT count(*) FROM sqlite_schema WHERE type = 'trigger' AND name = ?", name).Scan(&n)
+		if err != nil {
+			return nil, err
+		}
+		if n == 0 {
+			missing = append(missing, name)
+		}
+	}
+	return missing, nil
+}
+
+// ErrNoDatabase is returned by Verify, Tail and Export when the database
+// file does not exist (they never create it).
+var ErrNoDatabase = errors.New("audit: database does not exist")
 
 // openReader opens path read-only (mode=ro plus query_only), never creating
 // or modifying it.
 func openReader(ctx context.Context, path string) (*sql.DB, error) {
 	if _, err := os.Stat(path); err != nil {
 		if errors.Is(err, fs.ErrNotExist) {
-			return nil, fmt.Errorf("%w: %s", errNoDB, path)
+			return nil, fmt.Errorf("%w: %s", ErrNoDatabase, path)
 		}
 		return nil, fmt.Errorf("audit: %w", err)
 	}

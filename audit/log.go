@@ -83,7 +83,7 @@ func Open(ctx context.Context, opts Options) (*Log, error) {
 	}
 
 	// Checkpoints first: any checkpoint in the file covers committed rows.
-	cps, _, problem, err := readCheckpoints(opts.CheckpointPath, opts.Keys.Verifier)
+	cps, problem, err := readCheckpoints(opts.CheckpointPath, opts.Keys.Verifier)
 	if err != nil {
 		return nil, err
 	}

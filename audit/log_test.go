@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"os"
+	"path/filepath"
 	"sync"
 	"testing"
 	"time"
@@ -212,7 +213,7 @@ func TestFileModes(t *testing.T) {
 	if err := l.Checkpoint(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	for _, p := range []string{f.opts.Path, f.opts.Path + "-wal", f.opts.CheckpointPath} {
+	for _, p := range []string{f.opts.Path, f.opts.Path + "-wal", f.opts.Path + "-shm", f.opts.CheckpointPath} {
 		st, err := os.Stat(p)
 		if err != nil {
 			t.Fatal(err)
@@ -235,5 +236,26 @@ func TestAppendHonoursContext(t *testing.T) {
 	l.unlock()
 	if !errors.Is(err, context.Canceled) {
 		t.Fatalf("Append with cancelled ctx: %v", err)
+	}
+}
+
+// Characters that mean something in a URI must not change which file is
+// opened or add parameters.
+func TestAwkwardPath(t *testing.T) {
+	f := newFixture(t)
+	dir := filepath.Join(t.TempDir(), "we?ird #dir%20&mode=memory")
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	f.opts.Path = filepath.Join(dir, "a?b.db")
+	f.opts.CheckpointPath = filepath.Join(dir, "cp")
+	l := f.open(t)
+	fill(t, l, 2)
+	l.Close()
+	if _, err := os.Stat(f.opts.Path); err != nil {
+		t.Fatalf("database not at the given path: %v", err)
+	}
+	if rep := f.verify(t); !rep.OK || rep.Rows != 2 {
+		t.Fatalf("Verify: %+v", rep)
 	}
 }

@@ -182,7 +182,7 @@ func TestTamperDeleteDatabase(t *testing.T) {
 func TestVerifyMissingEverything(t *testing.T) {
 	f := newFixture(t)
 	_, err := Verify(context.Background(), VerifyOptions{Path: f.opts.Path, CheckpointPath: f.opts.CheckpointPath, Keys: f.keys})
-	if !errors.Is(err, errNoDB) {
+	if !errors.Is(err, ErrNoDatabase) {
 		t.Fatalf("Verify: %v", err)
 	}
 }
@@ -241,6 +241,9 @@ func TestTamperForgedCheckpoints(t *testing.T) {
 	}
 	if err := os.Remove(f.opts.CheckpointPath); err != nil {
 		t.Fatal(err)
+	}
+	for _, stmt := range schema { // cover tracks
+		mustExec(t, db, stmt)
 	}
 	l, err := Open(context.Background(), Options{Path: f.opts.Path, CheckpointPath: f.opts.CheckpointPath + ".new",
 		Keys: Keys{HMACKey: f.keys.HMACKey, Signer: signer, Verifier: verifierFor(t, skey)}, CheckpointInterval: -1})
@@ -344,4 +347,14 @@ func writeTemp(t *testing.T, s string) string {
 		t.Fatal(err)
 	}
 	return p
+}
+
+// Dropping the triggers alone changes no row, but is reported and refused.
+func TestTamperDropTriggersOnly(t *testing.T) {
+	f, _ := tampered(t, 5, 8)
+	rep := f.verify(t)
+	if rep.OK || rep.FirstBadSeq != 0 || !strings.Contains(rep.Problem, "triggers missing") || rep.Rows != 5 {
+		t.Fatalf("report %+v", rep)
+	}
+	wantOpenRefused(t, f)
 }

@@ -1,8 +1,8 @@
 package audit
 
 import (
-	"fmt"
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 )

@@ -17,23 +17,46 @@ type VerifyOptions struct {
 	Keys           Keys
 }
 
-// VerifyReport is Verify's finding. Only the first problem is reported.
+// VerifyReport is Verify's finding. Only the first problem is reported:
+// row problems in seq order first, then checkpoint-file and trigger problems.
 type VerifyReport struct {
 	OK          bool
-	Rows        int64
-	Checkpoints int   // valid checkpoints read
+	Rows        int64 // rows in the database
+	Checkpoints int   // valid checkpoints read (up to the first bad one)
 	FirstBadSeq int64 // 0 when OK, and for problems not tied to a row
 	Problem     string
 }
 
-// Verify recomputes every leaf and MAC from the stored columns, checks that
-// seqs are dense, timestamps never go backwards, and the RFC 6962 root at
-// every checkpoint size equals the signed one, and that the log is at least
-// as long as its newest checkpoint. Tamper findings go in the report; err is
-// only for I/O and configuration problems. It never modifies the files.
+// Verify recomputes every leaf and MAC from the stored logical columns,
+// checks that seqs are dense, timestamps never go backwards, the RFC 6962
+// root at every checkpoint size equals the signed one, and the log is at
+// least as long as its newest checkpoint. Tamper findings go in the report;
+// err is only for I/O and configuration problems. It opens the database
+// read-only and never modifies anything.
 //
-// The checkpoint file is read before the database, so a log being appended
-// to concurrently never looks truncated.
+// How each case is reported (FirstBadSeq: Problem):
+//
+//	edited column in row k           k: "mac mismatch"
+//	edited leaf / prev_mac / kid     k: "leaf mismatch" / "prev_mac mismatch" / "unknown kid"
+//	deleted row k                    k: "missing row (gap)"
+//	forged or renumbered row at k    k: "mac mismatch"
+//	first seq below 1                1: "sequence out of order (found seq s)"
+//	backdated row k (re-MACed)       k: "timestamp went backwards"
+//	rows after m deleted, a          m+1: "truncated below checkpoint (size S, rows m)"
+//	checkpoint of size S > m
+//	database deleted, checkpoints    1: "database missing: truncated below checkpoint (size S, rows 0)"
+//	chain rewritten with the HMAC    S: "checkpoint root mismatch (size S; rows p+1..S
+//	key, no signing key                 differ from the signed tree)", S the first
+//	                                    checkpoint that disagrees, p the last that agreed
+//	unsigned/edited checkpoint i     0: "checkpoint signature invalid (checkpoint i)"
+//	unparsable checkpoint i          0: "checkpoint malformed (checkpoint i...)"
+//	checkpoint sizes decrease        0: "checkpoint sizes out of order (checkpoint i)"
+//	triggers dropped                 0: "append-only triggers missing: [...]"
+//
+// A missing database with no checkpoints is an error (nothing to compare);
+// a missing checkpoint file is zero checkpoints, so callers should alert on
+// Rows > 0 && Checkpoints == 0. The checkpoint file is read before the
+// database, so a log being appended to concurrently never looks truncated.
 func Verify(ctx context.Context, opts VerifyOptions) (VerifyReport, error) {
 	var rep VerifyReport
 	if len(opts.Keys.HMACKey) < minHMACKey {
@@ -46,14 +69,14 @@ func Verify(ctx context.Context, opts VerifyOptions) (VerifyReport, error) {
 	if kid == "" {
 		kid = keyID(opts.Keys.HMACKey)
 	}
-	cps, _, cpProblem, err := readCheckpoints(opts.CheckpointPath, opts.Keys.Verifier)
+	cps, cpProblem, err := readCheckpoints(opts.CheckpointPath, opts.Keys.Verifier)
 	if err != nil {
 		return rep, err
 	}
 	rep.Checkpoints = len(cps)
 
 	db, err := openReader(ctx, opts.Path)
-	if errors.Is(err, errNoDB) && len(cps) > 0 {
+	if errors.Is(err, ErrNoDatabase) && len(cps) > 0 {
 		last := cps[len(cps)-1].Size
 		rep.FirstBadSeq = 1
 		rep.Problem = fmt.Sprintf("database missing: truncated below checkpoint (size %d, rows 0)", last)
@@ -149,6 +172,15 @@ func Verify(ctx context.Context, opts VerifyOptions) (VerifyReport, error) {
 	}
 	if cpProblem != "" {
 		return fail(0, cpProblem)
+	}
+	// Triggers only stop application bugs, but their absence shows someone
+	// wrote to the file outside the app.
+	missing, err := missingTriggers(ctx, tx)
+	if err != nil {
+		return rep, fmt.Errorf("audit: verify: %w", err)
+	}
+	if len(missing) > 0 {
+		return fail(0, fmt.Sprintf("append-only triggers missing: %v", missing))
 	}
 	rep.OK = true
 	return rep, nil

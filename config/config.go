@@ -46,6 +46,18 @@ type Config struct {
 	Toolsets           []string `env:"MCP_TOOLSETS" validate:"dive,toolset"`
 	ReadOnly           bool     `env:"MCP_READ_ONLY"`
 	MaxRequestBytes    int      `env:"MCP_MAX_REQUEST_BYTES" validate:"min=4096,max=268435456"`
+	// Sandbox engine.
+	Backend        string `env:"SANDBOX_BACKEND" validate:"oneof=docker none"`
+	TimeoutS       int    `env:"SANDBOX_TIMEOUT" validate:"min=1,max=3600"`
+	MaxTimeoutS    int    `env:"SANDBOX_MAX_TIMEOUT" validate:"min=1,max=3600,gtefield=TimeoutS"`
+	IdleTimeoutMS  int64  `env:"SANDBOX_IDLE_TIMEOUT_MS" validate:"min=1000,max=604800000"`
+	MaxAgeS        int64  `env:"SANDBOX_MAX_AGE_S" validate:"min=60,max=2592000"`
+	PoolSize       int    `env:"SANDBOX_POOL_SIZE" validate:"min=0,max=32"`
+	MemoryMB       int64  `env:"SANDBOX_MEMORY_MB" validate:"min=64,max=65536"`
+	CPUs           int    `env:"SANDBOX_CPUS_MILLI" validate:"min=100,max=64000"`
+	PidsLimit      int64  `env:"SANDBOX_PIDS_LIMIT" validate:"min=16,max=65536"`
+	FileURLTTLS    int64  `env:"FILE_URL_TTL_S" validate:"min=60,max=86400"`
+	FileSecretPrev Secret `env:"FILE_SECRET_PREVIOUS" validate:"omitempty,min=32,max=512"`
 }
 
 // Defaults are the embedded defaults: loopback HTTP, state under ./data.
@@ -59,12 +71,22 @@ func Defaults() Config {
 		LogLevel:        "info",
 		Toolsets:        []string{"all"},
 		MaxRequestBytes: 16 << 20,
+		Backend:         "docker",
+		TimeoutS:        60,
+		MaxTimeoutS:     600,
+		IdleTimeoutMS:   30 * 60 * 1000,
+		MaxAgeS:         24 * 3600,
+		PoolSize:        1,
+		MemoryMB:        512,
+		CPUs:            1000,
+		PidsLimit:       256,
+		FileURLTTLS:     3600,
 	}
 }
 
 // SecretValues lists every configured secret, for the redactor.
 func (c Config) SecretValues() []string {
-	return []string{c.APIToken.Reveal(), c.FileSecret.Reveal(), c.AuditHMACKey.Reveal()}
+	return []string{c.APIToken.Reveal(), c.FileSecret.Reveal(), c.FileSecretPrev.Reveal(), c.AuditHMACKey.Reveal()}
 }
 
 // IsLoopback reports whether the HTTP listener binds only loopback.
@@ -126,12 +148,12 @@ func applyEnv(c *Config, getenv func(string) string) error {
 		switch f.Kind() {
 		case reflect.String:
 			f.SetString(raw)
-		case reflect.Int:
-			n, err := strconv.Atoi(strings.TrimSpace(raw))
+		case reflect.Int, reflect.Int64:
+			n, err := strconv.ParseInt(strings.TrimSpace(raw), 10, 64)
 			if err != nil {
 				return fmt.Errorf("config: %s must be an integer", name)
 			}
-			f.SetInt(int64(n))
+			f.SetInt(n)
 		case reflect.Bool:
 			b, err := strconv.ParseBool(strings.TrimSpace(raw))
 			if err != nil {
@@ -201,15 +223,25 @@ func Validate(c Config) error {
 		if field.Type == reflect.TypeOf(Secret("")) {
 			return fmt.Errorf("config: %s is invalid (rule %q); its value is not shown", name, fe.Tag())
 		}
-		return fmt.Errorf("config: %s=%q is invalid (rule %q%s)", name, fmt.Sprint(fe.Value()), fe.Tag(), param(fe.Param()))
+		shown := fmt.Sprint(fe.Value())
+		if strings.Contains(field.Tag.Get("validate"), "http_url") && strings.ContainsAny(shown, "@?#") {
+			// User info or a query may hold a credential.
+			return fmt.Errorf("config: %s is invalid (rule %q); its value is not shown", name, fe.Tag())
+		}
+		return fmt.Errorf("config: %s=%q is invalid (rule %q%s)", name, shown, fe.Tag(), param(fe.Param()))
 	}
 	if err != nil {
 		return fmt.Errorf("config: %w", err)
 	}
 	if c.PublicBaseURL != "" {
-		u, _ := url.Parse(c.PublicBaseURL)
-		if u.RawQuery != "" || u.Fragment != "" || u.User != nil {
-			return fmt.Errorf("config: PUBLIC_BASE_URL=%q must be a plain origin and path, with no query, fragment or user info", c.PublicBaseURL)
+		// The value is not echoed: user info or a query may hold a credential.
+		u, err := url.Parse(c.PublicBaseURL)
+		if err != nil {
+			return errors.New("config: PUBLIC_BASE_URL is not a valid URL; its value is not shown")
+		}
+		if u.RawQuery != "" || u.ForceQuery || u.Fragment != "" || u.User != nil {
+			return fmt.Errorf("config: PUBLIC_BASE_URL (%s://%s%s...) must be a plain origin and path, with no query, fragment or user info",
+				u.Scheme, u.Host, u.EscapedPath())
 		}
 	}
 	return nil

@@ -115,10 +115,115 @@ func decodeStrict[T any](raw []byte) (*T, error) {
 	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
 		return nil, brokererr.New(brokererr.InvalidInput, "arguments must be a single JSON object")
 	}
+	// encoding/json matches keys case-insensitively and keeps the last of
+	// duplicate keys; the published schema allows neither, and accepting them
+	// would let {"path":"a","PATH":"b"} mean one thing to a proxy or log
+	// reader and another to the tool.
+	if err := checkKeys(json.NewDecoder(bytes.NewReader(raw)), reflect.TypeFor[T]()); err != nil {
+		return nil, err
+	}
 	if err := validate.Struct(v); err != nil {
 		return nil, validationError(err)
 	}
 	return v, nil
+}
+
+// checkKeys walks one JSON value, already known to be valid, and refuses
+// duplicate object keys and struct keys that are not exactly a field's JSON
+// name. t guides the walk; nil means "any value".
+func checkKeys(dec *json.Decoder, t reflect.Type) error {
+	for t != nil && t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	tok, err := dec.Token()
+	if err != nil {
+		return decodeError(err)
+	}
+	d, ok := tok.(json.Delim)
+	if !ok {
+		return nil
+	}
+	switch d {
+	case '{':
+		var fields map[string]reflect.Type
+		if t != nil && t.Kind() == reflect.Struct {
+			fields = jsonFields(t)
+		}
+		seen := map[string]bool{}
+		for dec.More() {
+			kt, err := dec.Token()
+			if err != nil {
+				return decodeError(err)
+			}
+			key, _ := kt.(string)
+			if seen[key] {
+				return brokererr.New(brokererr.InvalidInput, "duplicate field %q", key)
+			}
+			seen[key] = true
+			var child reflect.Type
+			switch {
+			case fields != nil:
+				ft, ok := fields[key]
+				if !ok {
+					return brokererr.New(brokererr.InvalidInput, "unknown field %q", key)
+				}
+				child = ft
+			case t != nil && t.Kind() == reflect.Map:
+				child = t.Elem()
+			}
+			if err := checkKeys(dec, child); err != nil {
+				return err
+			}
+		}
+	case '[':
+		var child reflect.Type
+		if t != nil && (t.Kind() == reflect.Slice || t.Kind() == reflect.Array) {
+			child = t.Elem()
+		}
+		for dec.More() {
+			if err := checkKeys(dec, child); err != nil {
+				return err
+			}
+		}
+	}
+	if _, err := dec.Token(); err != nil { // the closing delimiter
+		return decodeError(err)
+	}
+	return nil
+}
+
+// jsonFields maps a struct's exact JSON key names to field types, following
+// untagged embedded structs as encoding/json does.
+func jsonFields(t reflect.Type) map[string]reflect.Type {
+	out := map[string]reflect.Type{}
+	for i := 0; i < t.NumField(); i++ {
+		f := t.Field(i)
+		tag := f.Tag.Get("json")
+		name, _, _ := strings.Cut(tag, ",")
+		if name == "-" && !strings.HasPrefix(tag, "-,") {
+			continue
+		}
+		ft := f.Type
+		for ft.Kind() == reflect.Pointer {
+			ft = ft.Elem()
+		}
+		if f.Anonymous && name == "" && ft.Kind() == reflect.Struct {
+			for k, v := range jsonFields(ft) {
+				if _, ok := out[k]; !ok {
+					out[k] = v
+				}
+			}
+			continue
+		}
+		if !f.IsExported() {
+			continue
+		}
+		if name == "" {
+			name = f.Name
+		}
+		out[name] = f.Type
+	}
+	return out
 }
 
 func decodeError(err error) error {
@@ -129,6 +234,8 @@ func decodeError(err error) error {
 		return brokererr.New(brokererr.InvalidInput, "field %q must be %s", te.Field, jsonKind(te.Type))
 	case errors.As(err, &se):
 		return brokererr.New(brokererr.InvalidInput, "arguments are not valid JSON (offset %d)", se.Offset)
+	case errors.Is(err, io.ErrUnexpectedEOF):
+		return brokererr.New(brokererr.InvalidInput, "arguments are not valid JSON (unexpected end)")
 	case strings.HasPrefix(err.Error(), "json: unknown field "):
 		return brokererr.New(brokererr.InvalidInput, "unknown field %s", strings.TrimPrefix(err.Error(), "json: unknown field "))
 	default:

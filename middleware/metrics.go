@@ -4,6 +4,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 )
 
 // Metrics are the chain's Prometheus series, on a registry of their own so
@@ -40,7 +41,7 @@ func NewMetrics() *Metrics {
 		}),
 	}
 	m.Registry.MustRegister(m.calls, m.duration, m.rateLimited, m.auditFailures, m.auditSuppressed,
-		prometheus.NewGoCollector(), prometheus.NewProcessCollector(prometheus.ProcessCollectorOpts{}))
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
 

@@ -9,7 +9,8 @@ import (
 )
 
 // RedactResult redacts every text a result carries: text content, embedded
-// text resources, link names and structured content.
+// text resources, links and structured content. Structured content that
+// cannot be re-encoded is dropped rather than sent unredacted.
 func RedactResult(r *redact.Redactor, res *mcp.CallToolResult) *mcp.CallToolResult {
 	if res == nil {
 		return nil
@@ -24,13 +25,30 @@ func RedactResult(r *redact.Redactor, res *mcp.CallToolResult) *mcp.CallToolResu
 		case mcp.EmbeddedResource:
 			t.Resource = redactResource(r, t.Resource)
 			res.Content[i] = t
+		case *mcp.EmbeddedResource:
+			t.Resource = redactResource(r, t.Resource)
 		case mcp.ResourceLink:
-			t.Name, t.Description = r.String(t.Name), r.String(t.Description)
+			redactLink(r, &t)
 			res.Content[i] = t
+		case *mcp.ResourceLink:
+			redactLink(r, t)
+		}
+	}
+	// mcp-go sends RawStructuredContent instead of StructuredContent when
+	// it is set, so both are redacted.
+	if raw := res.RawStructuredContent; len(raw) > 0 {
+		res.RawStructuredContent = nil
+		var generic any
+		if json.Unmarshal(raw, &generic) == nil {
+			if b, err := json.Marshal(r.Value(generic)); err == nil {
+				res.RawStructuredContent = b
+			}
 		}
 	}
 	if res.StructuredContent != nil {
-		if b, err := json.Marshal(res.StructuredContent); err == nil {
+		sc := res.StructuredContent
+		res.StructuredContent = nil
+		if b, err := json.Marshal(sc); err == nil {
 			var generic any
 			if json.Unmarshal(b, &generic) == nil {
 				res.StructuredContent = r.Value(generic)
@@ -40,13 +58,18 @@ func RedactResult(r *redact.Redactor, res *mcp.CallToolResult) *mcp.CallToolResu
 	return res
 }
 
+func redactLink(r *redact.Redactor, l *mcp.ResourceLink) {
+	l.URI, l.Name, l.Title, l.Description = r.String(l.URI), r.String(l.Name), r.String(l.Title), r.String(l.Description)
+}
+
 func redactResource(r *redact.Redactor, rc mcp.ResourceContents) mcp.ResourceContents {
 	switch t := rc.(type) {
 	case mcp.TextResourceContents:
-		t.Text = r.String(t.Text)
+		t.Text, t.URI = r.String(t.Text), r.String(t.URI)
 		return t
 	case *mcp.TextResourceContents:
 		t.Text = r.String(t.Text)
+		t.URI = r.String(t.URI)
 	}
 	return rc
 }

@@ -33,7 +33,11 @@ func objectSchema(t reflect.Type) map[string]any {
 		}
 		applyRules(p, f.Type, rules)
 		props[name] = p
+		// Rules after "dive" are about the items, not the field itself.
 		for _, r := range rules {
+			if r == "dive" {
+				break
+			}
 			if r == "required" {
 				required = append(required, name)
 			}

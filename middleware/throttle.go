@@ -2,6 +2,7 @@ package middleware
 
 import (
 	"sync"
+	"time"
 
 	"golang.org/x/time/rate"
 )
@@ -12,6 +13,7 @@ type RejectionThrottle struct {
 	limit      rate.Limit
 	burst      int
 	principals map[string]*rejections
+	now        func() time.Time // time.Now; a hook for tests
 }
 
 type rejections struct {
@@ -25,7 +27,7 @@ const maxTrackedPrincipals = 100000
 
 // NewRejectionThrottle allows perSecond rows per principal, with burst.
 func NewRejectionThrottle(perSecond float64, burst int) *RejectionThrottle {
-	return &RejectionThrottle{limit: rate.Limit(perSecond), burst: burst, principals: map[string]*rejections{}}
+	return &RejectionThrottle{limit: rate.Limit(perSecond), burst: burst, principals: map[string]*rejections{}, now: time.Now}
 }
 
 // admit reports whether a row may be written now, and how many were
@@ -41,7 +43,7 @@ func (t *RejectionThrottle) admit(principal string) (bool, int64) {
 		r = &rejections{lim: rate.NewLimiter(t.limit, t.burst)}
 		t.principals[principal] = r
 	}
-	if !r.lim.Allow() {
+	if !r.lim.AllowN(t.now(), 1) {
 		r.suppressed++
 		return false, 0
 	}

@@ -10,20 +10,31 @@ import (
 type Deps struct {
 	Usage  UsageReader
 	Limits func(identity.Principal) quota.Limits
+	Engine *Engine
 }
 
 // Toolset names, also accepted by MCP_TOOLSETS / --toolsets.
 const (
 	ToolsetAccount = "account"
+	ToolsetSandbox = "sandbox"
+	ToolsetFiles   = "files"
 )
 
 func init() {
-	config.KnownToolsets[ToolsetAccount] = true
+	for _, n := range []string{ToolsetAccount, ToolsetSandbox, ToolsetFiles} {
+		config.KnownToolsets[n] = true
+	}
 }
 
 // DefaultGroup assembles every toolset.
 func DefaultGroup(d Deps) *Group {
 	account := NewToolset(ToolsetAccount, "Who you are and what you may still use").
 		AddReadTools(GetUsage(d.Usage, d.Limits))
-	return &Group{sets: []*Toolset{account}}
+	sandbox := NewToolset(ToolsetSandbox, "Run code in hardened per-session sandboxes").
+		AddReadTools(ListRunners(d.Engine)).
+		AddWriteTools(RunCode(d.Engine), CloseSession(d.Engine))
+	files := NewToolset(ToolsetFiles, "Session files and signed download links").
+		AddReadTools(ListArtifacts(d.Engine), ReadArtifact(d.Engine)).
+		AddWriteTools(UploadFile(d.Engine))
+	return &Group{sets: []*Toolset{account, sandbox, files}}
 }

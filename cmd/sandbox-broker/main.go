@@ -21,6 +21,7 @@ const usage = `usage:
   sandbox-broker audit export --format jsonl [--root dir | --db file]
   sandbox-broker docs [--readme README.md] [--check]
   sandbox-broker version
+  sandbox-broker agent [--socket path] [--language lang]   (runs inside sandbox containers)
 `
 
 func main() {
@@ -39,6 +40,8 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer, getenv func(s
 		return serve(ctx, args[1:], stdin, stdout, stderr, getenv)
 	case "audit":
 		return auditCmd(ctx, args[1:], stdout, stderr, getenv)
+	case "agent":
+		return agentCmd(ctx, args[1:], stderr)
 	case "docs":
 		return docsCmd(args[1:], stdout, stderr)
 	case "version":

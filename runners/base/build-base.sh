@@ -10,6 +10,8 @@
 #   --force        re-import the image even if it already exists
 #   --refresh      ignore the cached rootfs tarball and debootstrap again
 #                  (implies --force)
+#   --no-upgrade   skip applying bookworm-updates/-security on top of the
+#                  point release debootstrap installs (default: apply them)
 #   --cache-dir D  keep the debootstrapped rootfs tarball (and the downloaded
 #                  .debs) in D; default: $RUNNER_CACHE_DIR, unset = no cache
 #
@@ -19,6 +21,7 @@
 #   DEBIAN_SUITE       suite                    (default bookworm)
 #   DEBIAN_MIRROR      archive                  (default http://deb.debian.org/debian)
 #   DEBIAN_SECURITY_MIRROR                      (default http://deb.debian.org/debian-security)
+#   BASE_UPGRADE       0 = same as --no-upgrade
 #
 # Needs: root (debootstrap), debootstrap, docker, tar.
 set -euo pipefail
@@ -30,6 +33,7 @@ SECURITY_MIRROR="${DEBIAN_SECURITY_MIRROR:-http://deb.debian.org/debian-security
 CACHE_DIR="${RUNNER_CACHE_DIR:-}"
 FORCE=0
 REFRESH=0
+UPGRADE="${BASE_UPGRADE:-1}"
 
 log() { printf '[build-base] %s\n' "$*" >&2; }
 die() { printf '[build-base] ERROR: %s\n' "$*" >&2; exit 1; }
@@ -38,6 +42,7 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --force) FORCE=1 ;;
     --refresh) REFRESH=1; FORCE=1 ;;
+    --no-upgrade) UPGRADE=0 ;;
     --cache-dir) [ $# -ge 2 ] || die "--cache-dir needs an argument"; CACHE_DIR="$2"; shift ;;
     --cache-dir=*) CACHE_DIR="${1#*=}" ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
@@ -60,7 +65,7 @@ TARBALL=""
 if [ -n "$CACHE_DIR" ]; then
   mkdir -p "$CACHE_DIR"
   CACHE_DIR="$(cd "$CACHE_DIR" && pwd)"
-  TARBALL="$CACHE_DIR/debian-$SUITE-minbase-$ARCH.rootfs.tar"
+  TARBALL="$CACHE_DIR/debian-$SUITE-minbase-$ARCH$([ "$UPGRADE" = 1 ] || echo -noupgrade).rootfs.tar"
 fi
 
 WORK=""
@@ -105,6 +110,20 @@ Suites: $SUITE-security
 Components: main
 Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
 EOF
+  if [ "$UPGRADE" = 1 ]; then
+    # debootstrap installs the suite's point release only; pull in
+    # $SUITE-updates and $SUITE-security like the official images have.
+    log "applying $SUITE-updates / $SUITE-security upgrades"
+    t0=$(date +%s)
+    if ! chroot "$ROOTFS" /bin/sh -c 'export DEBIAN_FRONTEND=noninteractive LC_ALL=C;
+          apt-get -o Acquire::Languages=none update &&
+          apt-get -y --no-install-recommends -o Dpkg::Options::=--force-confold dist-upgrade &&
+          apt-get clean' >"$WORK/upgrade.log" 2>&1; then
+      tail -n 30 "$WORK/upgrade.log" >&2
+      die "apt-get upgrade inside the new rootfs failed"
+    fi
+    log "upgrade done ($(grep -oE '^[0-9]+ upgraded, [0-9]+ newly installed' "$WORK/upgrade.log" | head -1 || true)) in $(( $(date +%s) - t0 ))s"
+  fi
   # The same container tweaks as the official debian:*-slim images
   # (debuerreotype): never install docs/man/locales, clean apt caches.
   cat >"$ROOTFS/etc/dpkg/dpkg.cfg.d/docker" <<'EOF'

@@ -19,9 +19,12 @@ import (
 	"github.com/sandbox-broker/sandbox-broker/config"
 	"github.com/sandbox-broker/sandbox-broker/middleware"
 	"github.com/sandbox-broker/sandbox-broker/middleware/redact"
+	"github.com/sandbox-broker/sandbox-broker/services/files"
 	"github.com/sandbox-broker/sandbox-broker/services/identity"
 	"github.com/sandbox-broker/sandbox-broker/services/logging"
 	"github.com/sandbox-broker/sandbox-broker/services/quota"
+	"github.com/sandbox-broker/sandbox-broker/services/sandbox"
+	"github.com/sandbox-broker/sandbox-broker/services/sessions"
 	"github.com/sandbox-broker/sandbox-broker/tools"
 )
 
@@ -40,6 +43,11 @@ type Broker struct {
 	tools    []tools.ServerTool
 	sessions *sessionOwners
 	checks   []check
+	// Sandbox engine; backend and sandboxes are nil when none is available.
+	backend   sandbox.Backend
+	sandboxes *sessions.Manager
+	signer    *files.Signer
+	stop      context.CancelFunc // ends background loops
 }
 
 // Options are what the caller supplies besides Config.
@@ -81,6 +89,11 @@ func New(ctx context.Context, cfg config.Config, opts Options) (b *Broker, err e
 		return nil, fmt.Errorf("audit keys: %w", err)
 	}
 	secrets = append(secrets, string(keys.HMACKey), hex.EncodeToString(keys.HMACKey))
+	fileKeys, err := b.openSigner(cfg)
+	if err != nil {
+		return nil, err
+	}
+	secrets = append(secrets, fileKeys...)
 	b.redactor = redact.New(secrets, hostRoots(cfg.Root))
 	b.log = logging.New(opts.LogOut, cfg.LogLevel, b.redactor)
 
@@ -94,8 +107,11 @@ func New(ctx context.Context, cfg config.Config, opts Options) (b *Broker, err e
 	}
 	b.metrics = middleware.NewMetrics()
 	b.checks = []check{{"audit_log", b.audit.Ping}, {"state_store", b.quota.Ping}}
+	if err := b.openEngine(ctx, cfg); err != nil {
+		return nil, err
+	}
 
-	group := tools.DefaultGroup(tools.Deps{Usage: b.quota, Limits: b.limits})
+	group := tools.DefaultGroup(tools.Deps{Usage: b.quota, Limits: b.limits, Engine: b.engine(cfg)})
 	if b.tools, err = group.Enable(cfg.Toolsets, cfg.ReadOnly); err != nil {
 		return nil, err
 	}
@@ -146,9 +162,20 @@ func (b *Broker) newMCPServer() *server.MCPServer {
 // MCPServer exposes the assembled server, for in-process clients in tests.
 func (b *Broker) MCPServer() *server.MCPServer { return b.mcp }
 
-// Close flushes a final audit checkpoint and closes the stores.
+// Close stops sandboxes, flushes a final audit checkpoint and closes the stores.
 func (b *Broker) Close() error {
 	var errs []error
+	if b.stop != nil {
+		b.stop()
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if b.sandboxes != nil {
+		errs = append(errs, b.sandboxes.Close(ctx))
+	}
+	if b.backend != nil {
+		errs = append(errs, b.backend.Close(ctx))
+	}
 	if b.audit != nil {
 		errs = append(errs, b.audit.Close())
 	}

@@ -58,7 +58,8 @@ func (b *Broker) HTTPHandler() http.Handler {
 		}
 		writeJSON(w, code, h)
 	})
-	return b.checkHostOrigin(securityHeaders(mux))
+	// Signed downloads bypass the mux, which would clean their raw paths.
+	return b.checkHostOrigin(securityHeaders(b.filesHandler().Intercept(mux)))
 }
 
 // ServeHTTP serves on ln until ctx ends, then shuts down gracefully.
@@ -69,6 +70,10 @@ func (b *Broker) ServeHTTP(ctx context.Context, ln net.Listener) error {
 		IdleTimeout:       2 * time.Minute,
 		MaxHeaderBytes:    64 << 10,
 		BaseContext:       func(net.Listener) context.Context { return ctx },
+	}
+	if b.signer.BaseURL == "" {
+		// Links point at the address actually bound (port 0 included).
+		b.signer.BaseURL = "http://" + ln.Addr().String()
 	}
 	b.log.Info().Str("addr", ln.Addr().String()).Msg("http_listening")
 	errc := make(chan error, 1)

@@ -61,10 +61,22 @@ type Error struct {
 	cause      error         // kept for logs, never sent to the client
 }
 
-func (e *Error) Error() string { return string(e.Code) + ": " + e.Message }
+// Error is safe on a nil *Error, which a handler can return as a non-nil
+// error interface by mistake.
+func (e *Error) Error() string {
+	if e == nil {
+		return string(InternalError) + ": nil error"
+	}
+	return string(e.Code) + ": " + e.Message
+}
 
 // Unwrap exposes the internal cause to errors.Is/As.
-func (e *Error) Unwrap() error { return e.cause }
+func (e *Error) Unwrap() error {
+	if e == nil {
+		return nil
+	}
+	return e.cause
+}
 
 // New returns an error with the code's default retryability.
 func New(code Code, format string, args ...any) *Error {

@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -80,6 +81,11 @@ func LoadTokensFile(path string) ([]TokenEntry, error) {
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&out); err != nil {
 		return nil, fmt.Errorf("not a JSON array of {principal, tier, token_sha256}: %w", err)
+	}
+	// A second value (say, two arrays pasted together) would otherwise be
+	// ignored silently, dropping its tokens.
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		return nil, errors.New("not a JSON array of {principal, tier, token_sha256}: data after the array")
 	}
 	return out, nil
 }

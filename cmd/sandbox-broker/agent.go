@@ -1,0 +1,53 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"path/filepath"
+
+	"github.com/sandbox-broker/sandbox-broker/services/agent"
+)
+
+// agentCmd runs the in-sandbox agent: `sandbox-broker agent [--socket path]
+// [--language lang] [--workdir dir] [--sweep auto|container|descendants]
+// [--no-zygote] [--allow-sandbox-clients]`. It is the sandbox container's main process.
+func agentCmd(ctx context.Context, args []string, stderr io.Writer) int {
+	fs := flag.NewFlagSet("agent", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	socket := fs.String("socket", filepath.Join(agent.SocketDir, agent.SocketName), "unix socket to listen on")
+	language := fs.String("language", "", "sandbox language: python, typescript, javascript or bash")
+	workdir := fs.String("workdir", agent.WorkDir, "working directory of every run")
+	tmpdir := fs.String("tmpdir", "/tmp", "directory for the per-run code directories")
+	sweep := fs.String("sweep", "auto", "which processes are killed after every run: container (all but the agent, PID 1 and the zygote), descendants (the agent's descendants only), auto (container when the agent is PID 1 or a child of PID 1 and not root)")
+	noZygote := fs.Bool("no-zygote", false, "do not start the Python zygote")
+	allowLocal := fs.Bool("allow-sandbox-clients", false, "in container sweep mode, also accept requests from processes inside the sandbox's PID namespace (refused by default)")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "agent: unexpected arguments %q\n", fs.Args())
+		return 2
+	}
+	mode, err := agent.ParseSweepMode(*sweep)
+	if err != nil {
+		fmt.Fprintln(stderr, "agent:", err)
+		return 2
+	}
+	err = agent.Serve(ctx, agent.Options{
+		Socket:          *socket,
+		Language:        *language,
+		WorkDir:         *workdir,
+		TmpDir:          *tmpdir,
+		Sweep:           mode,
+		NoZygote:        *noZygote,
+		Log:             stderr,
+		AllowLocalPeers: *allowLocal,
+	})
+	if err != nil && ctx.Err() == nil {
+		fmt.Fprintln(stderr, err)
+		return 1
+	}
+	return 0
+}

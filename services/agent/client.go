@@ -1,0 +1,126 @@
+package agent
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"time"
+)
+
+// ClientMargin is added to the request's timeout for the client's deadline:
+// it covers the agent's kill, sweep and output drain.
+const ClientMargin = 10 * time.Second
+
+// Run sends req to the agent listening on socketPath and returns its
+// Response. The call is bounded by ctx and by the request's timeout (or
+// DefaultTimeoutMS) plus ClientMargin; the answer is read through a
+// MaxResponseBytes limit and decoded strictly (unknown fields, trailing
+// data or an oversized answer are errors). A Response with Error set is
+// returned with a nil error: the agent answered, but could not run the code.
+func Run(ctx context.Context, socketPath string, req Request) (Response, error) {
+	timeout := time.Duration(req.TimeoutMS) * time.Millisecond
+	if req.TimeoutMS <= 0 {
+		timeout = DefaultTimeoutMS * time.Millisecond
+	}
+	if req.Language == PingLanguage {
+		timeout = 0
+	}
+	deadline := time.Now().Add(timeout + ClientMargin)
+	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
+		deadline = d
+	}
+	var d net.Dialer
+	dctx, cancel := context.WithDeadline(ctx, deadline)
+	defer cancel()
+	c, err := d.DialContext(dctx, "unix", socketPath)
+	if err != nil {
+		return Response{}, fmt.Errorf("agent: dial: %w", err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(deadline)
+	stop := context.AfterFunc(ctx, func() { _ = c.SetDeadline(time.Now()) })
+	defer stop()
+
+	b, err := json.Marshal(req)
+	if err != nil {
+		return Response{}, fmt.Errorf("agent: encode request: %w", err)
+	}
+	if len(b)+1 > MaxRequestBytes {
+		return Response{}, fmt.Errorf("agent: request of %d bytes exceeds %d", len(b)+1, MaxRequestBytes)
+	}
+	if _, err := c.Write(append(b, '\n')); err != nil {
+		return Response{}, ctxErr(ctx, fmt.Errorf("agent: write: %w", err))
+	}
+	data, err := io.ReadAll(io.LimitReader(c, MaxResponseBytes+1))
+	if err != nil {
+		return Response{}, ctxErr(ctx, fmt.Errorf("agent: read: %w", err))
+	}
+	if len(data) > MaxResponseBytes {
+		return Response{}, fmt.Errorf("agent: response exceeds %d bytes", MaxResponseBytes)
+	}
+	return decodeResponse(data)
+}
+
+func ctxErr(ctx context.Context, err error) error {
+	if ctx.Err() != nil {
+		return fmt.Errorf("%w (%v)", ctx.Err(), err)
+	}
+	return err
+}
+
+// decodeResponse decodes exactly one JSON object followed by optional
+// whitespace.
+func decodeResponse(data []byte) (Response, error) {
+	if len(bytes.TrimSpace(data)) == 0 {
+		return Response{}, errors.New("agent: empty response")
+	}
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	var resp Response
+	if err := dec.Decode(&resp); err != nil {
+		return Response{}, fmt.Errorf("agent: decode response: %w", err)
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return Response{}, errors.New("agent: trailing data after the response")
+	}
+	return resp, nil
+}
+
+// Ping asks the agent for a cheap liveness answer; ready reports whether
+// its Python zygote is warm.
+func Ping(ctx context.Context, socketPath string) (zygoteReady bool, err error) {
+	resp, err := Run(ctx, socketPath, Request{Language: PingLanguage})
+	if err != nil {
+		return false, err
+	}
+	if resp.Error != "" {
+		return false, fmt.Errorf("agent: ping: %s", resp.Error)
+	}
+	return resp.Zygote, nil
+}
+
+// WaitReady pings the agent until it answers, with a short backoff (1 ms
+// doubling to 50 ms), until ctx is done. Use it after starting a container.
+func WaitReady(ctx context.Context, socketPath string) error {
+	backoff := time.Millisecond
+	for {
+		pctx, cancel := context.WithTimeout(ctx, time.Second)
+		_, err := Ping(pctx, socketPath)
+		cancel()
+		if err == nil {
+			return nil
+		}
+		t := time.NewTimer(backoff)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return fmt.Errorf("agent: not ready: %w (last error: %v)", ctx.Err(), err)
+		case <-t.C:
+		}
+		backoff = min(backoff*2, 50*time.Millisecond)
+	}
+}

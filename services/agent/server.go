@@ -1,0 +1,376 @@
+package agent
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+)
+
+// Command says how to run one language: Argv is the interpreter command;
+// the path of the written code file is appended. Ext is that file's
+// extension (".py").
+type Command struct {
+	Argv []string
+	Ext  string
+}
+
+// DefaultCommands is the language table used when Options.Commands is nil.
+func DefaultCommands() map[string]Command {
+	return map[string]Command{
+		LangPython:     {Argv: []string{"python3"}, Ext: ".py"},
+		LangTypeScript: {Argv: []string{"tsx"}, Ext: ".ts"},
+		LangJavaScript: {Argv: []string{"node"}, Ext: ".js"},
+		LangBash:       {Argv: []string{"bash"}, Ext: ".sh"},
+	}
+}
+
+// Options configures Serve.
+type Options struct {
+	// Socket is the unix socket path to listen on (required). A stale
+	// socket file is replaced; the socket is chmod 0600.
+	Socket string
+	// Language is the sandbox's language: the default for requests with
+	// an empty Language, and "python" starts the zygote.
+	Language string
+	// WorkDir is every run's working directory (default WorkDir).
+	WorkDir string
+	// TmpDir receives the per-run directories run-<n> (default "/tmp").
+	TmpDir string
+	// Sweep selects which processes are killed after each run (see
+	// SweepMode; default SweepAuto).
+	Sweep SweepMode
+	// Commands overrides the language table (default DefaultCommands()).
+	Commands map[string]Command
+	// Env is the run environment (default BaseEnv(os.Getenv)).
+	Env []string
+	// NoZygote disables the Python zygote: every python run spawns python3.
+	NoZygote bool
+	// Log receives diagnostics (default io.Discard). The zygote's own
+	// stderr goes here too.
+	Log io.Writer
+	// ProcRoot is where processes are enumerated (default "/proc").
+	ProcRoot string
+	// AllowLocalPeers disables, in container sweep mode, the refusal of
+	// clients that live in the agent's own PID namespace (see peerAllowed).
+	AllowLocalPeers bool
+
+	// zygoteReady, if set, is called with the pid of every zygote that
+	// became ready (tests).
+	zygoteReady func(pid int)
+}
+
+// BaseEnv returns the minimal environment given to runs: PATH from the
+// agent's environment (or a default), HOME=/tmp and the fixed settings.
+// MPLCONFIGDIR is taken from the agent's environment if set (the python
+// image seeds its font cache there), else /tmp/mpl.
+func BaseEnv(getenv func(string) string) []string {
+	path := getenv("PATH")
+	if path == "" {
+		path = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+	}
+	mpl := getenv("MPLCONFIGDIR")
+	if mpl == "" {
+		mpl = "/tmp/mpl"
+	}
+	return []string{
+		"PATH=" + path,
+		"HOME=/tmp",
+		"TMPDIR=/tmp",
+		"LANG=C.UTF-8",
+		"MPLBACKEND=Agg",
+		"MPLCONFIGDIR=" + mpl,
+		"PYTHONDONTWRITEBYTECODE=1",
+		"PYTHONUNBUFFERED=1",
+	}
+}
+
+// Server is a running agent; Serve wraps it.
+type Server struct {
+	opts  Options
+	mode  SweepMode
+	log   io.Writer
+	logMu sync.Mutex
+	runN  atomic.Int64
+	zyg   *zygoteManager // nil without zygote
+}
+
+// Serve listens on opts.Socket and answers requests until ctx is done.
+// Runs are serialised: a request arriving while another run is in progress
+// waits for it, for at most its own timeout, and is then answered with
+// Error "busy". Ping requests never wait.
+func Serve(ctx context.Context, opts Options) error {
+	if opts.Socket == "" {
+		return errors.New("agent: no socket path")
+	}
+	s, err := newServer(opts)
+	if err != nil {
+		return err
+	}
+	_ = os.Remove(opts.Socket)
+	ln, err := net.Listen("unix", opts.Socket)
+	if err != nil {
+		return fmt.Errorf("agent: listen: %w", err)
+	}
+	if err := os.Chmod(opts.Socket, 0o600); err != nil {
+		ln.Close()
+		return fmt.Errorf("agent: chmod socket: %w", err)
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	if s.zyg != nil {
+		s.zyg.start(ctx)
+	}
+	var wg sync.WaitGroup
+	stop := context.AfterFunc(ctx, func() { ln.Close() })
+	defer stop()
+	var acceptErr error
+	backoff := time.Millisecond
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			if ctx.Err() != nil {
+				break
+			}
+			if errors.Is(err, net.ErrClosed) {
+				acceptErr = fmt.Errorf("agent: accept: %w", err)
+				break
+			}
+			// EMFILE and friends: a flood of connections must not end
+			// the agent.
+			s.logf("accept: %v", err)
+			select {
+			case <-time.After(backoff):
+			case <-ctx.Done():
+			}
+			backoff = min(backoff*2, time.Second)
+			continue
+		}
+		backoff = time.Millisecond
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s.handle(ctx, c)
+		}()
+	}
+	ln.Close()
+	cancel()
+	wg.Wait()
+	if s.zyg != nil {
+		s.zyg.shutdown()
+	}
+	_ = os.Remove(opts.Socket)
+	return acceptErr
+}
+
+func newServer(opts Options) (*Server, error) {
+	if opts.WorkDir == "" {
+		opts.WorkDir = WorkDir
+	}
+	if opts.TmpDir == "" {
+		opts.TmpDir = "/tmp"
+	}
+	if opts.Commands == nil {
+		opts.Commands = DefaultCommands()
+	}
+	if opts.Env == nil {
+		opts.Env = BaseEnv(os.Getenv)
+	}
+	if opts.Log == nil {
+		opts.Log = io.Discard
+	}
+	if opts.ProcRoot == "" {
+		opts.ProcRoot = "/proc"
+	}
+	if opts.Language != "" {
+		if _, ok := opts.Commands[opts.Language]; !ok {
+			return nil, fmt.Errorf("agent: unknown language %q", opts.Language)
+		}
+	}
+	mode, err := resolveSweepMode(opts.Sweep)
+	if err != nil {
+		return nil, fmt.Errorf("agent: %w", err)
+	}
+	becomeSubreaper()
+	if mode == SweepContainer {
+		setDumpable(false)
+	}
+	s := &Server{opts: opts, mode: mode, log: opts.Log}
+	if opts.Language == LangPython && !opts.NoZygote {
+		s.zyg = newZygoteManager(s)
+	}
+	return s, nil
+}
+
+func (s *Server) logf(format string, args ...any) {
+	s.logMu.Lock()
+	defer s.logMu.Unlock()
+	fmt.Fprintf(s.log, "sandbox agent: "+format+"\n", args...)
+}
+
+// peerAllowed refuses clients inside the sandbox. The broker connects from
+// the host, outside the container's PID namespace, so SO_PEERCRED reports
+// its pid as 0 there; code running in the sandbox (same uid as the agent,
+// so it can open the socket) has a visible, non-zero pid. Without this a
+// run could queue a request of its own that executes after the run ends.
+func peerAllowed(c net.Conn) error {
+	uc, ok := c.(*net.UnixConn)
+	if !ok {
+		return errors.New("forbidden: not a unix connection")
+	}
+	raw, err := uc.SyscallConn()
+	if err != nil {
+		return fmt.Errorf("forbidden: %v", err)
+	}
+	var cred *syscall.Ucred
+	var cerr error
+	if err := raw.Control(func(fd uintptr) {
+		cred, cerr = syscall.GetsockoptUcred(int(fd), syscall.SOL_SOCKET, syscall.SO_PEERCRED)
+	}); err != nil {
+		return fmt.Errorf("forbidden: %v", err)
+	}
+	if cerr != nil {
+		return fmt.Errorf("forbidden: peer credentials: %v", cerr)
+	}
+	if cred.Pid != 0 {
+		return fmt.Errorf("forbidden: clients inside the sandbox (pid %d) may not use the agent", cred.Pid)
+	}
+	return nil
+}
+
+// requestReadTimeout bounds how long a client may take to send its line.
+const requestReadTimeout = 30 * time.Second
+
+func (s *Server) handle(ctx context.Context, c net.Conn) {
+	defer c.Close()
+	if s.mode == SweepContainer && !s.opts.AllowLocalPeers {
+		if err := peerAllowed(c); err != nil {
+			b, _ := json.Marshal(Response{ExitCode: -1, Error: err.Error()})
+			_ = c.SetWriteDeadline(time.Now().Add(time.Second))
+			_, _ = c.Write(append(b, '\n'))
+			return
+		}
+	}
+	_ = c.SetReadDeadline(time.Now().Add(requestReadTimeout))
+	resp := s.serveConn(ctx, c)
+	b, err := json.Marshal(resp)
+	if err != nil {
+		b, _ = json.Marshal(Response{ExitCode: -1, Error: "encode response: " + err.Error()})
+	}
+	b = append(b, '\n')
+	_ = c.SetWriteDeadline(time.Now().Add(30 * time.Second))
+	_, _ = c.Write(b)
+}
+
+func (s *Server) serveConn(ctx context.Context, c net.Conn) (resp Response) {
+	defer func() {
+		if r := recover(); r != nil {
+			s.logf("panic: %v", r)
+			resp = Response{ExitCode: -1, Error: fmt.Sprintf("internal error: %v", r)}
+		}
+	}()
+	req, err := readRequest(c)
+	if err != nil {
+		return Response{ExitCode: -1, Error: err.Error()}
+	}
+	_ = c.SetReadDeadline(time.Time{})
+	if req.Language == PingLanguage {
+		return Response{Zygote: s.zyg != nil && s.zyg.ready()}
+	}
+	return s.run(ctx, req)
+}
+
+// readRequest reads one JSON line of at most MaxRequestBytes and decodes it
+// strictly.
+func readRequest(r io.Reader) (Request, error) {
+	br := bufio.NewReaderSize(io.LimitReader(r, MaxRequestBytes+1), 64<<10)
+	var line []byte
+	for {
+		chunk, err := br.ReadSlice('\n')
+		line = append(line, chunk...)
+		if len(line) > MaxRequestBytes {
+			return Request{}, fmt.Errorf("bad request: longer than %d bytes", MaxRequestBytes)
+		}
+		if err == nil {
+			break
+		}
+		if errors.Is(err, bufio.ErrBufferFull) {
+			continue
+		}
+		if errors.Is(err, io.EOF) && len(line) > 0 {
+			break // accept a final line without newline
+		}
+		return Request{}, fmt.Errorf("bad request: read: %v", err)
+	}
+	var req Request
+	dec := json.NewDecoder(bytes.NewReader(line))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&req); err != nil {
+		return Request{}, fmt.Errorf("bad request: %v", err)
+	}
+	if dec.More() {
+		return Request{}, errors.New("bad request: trailing data after the JSON object")
+	}
+	return req, nil
+}
+
+// run validates the request, takes the run lock and runs it.
+func (s *Server) run(ctx context.Context, req Request) Response {
+	lang := req.Language
+	if lang == "" {
+		lang = s.opts.Language
+	}
+	cmd, ok := s.opts.Commands[lang]
+	if !ok || lang == "" {
+		return Response{ExitCode: -1, Error: fmt.Sprintf("unknown language %q", req.Language)}
+	}
+	switch {
+	case req.TimeoutMS < 0:
+		return Response{ExitCode: -1, Error: "timeout_ms must not be negative"}
+	case req.TimeoutMS > MaxTimeoutMS:
+		return Response{ExitCode: -1, Error: fmt.Sprintf("timeout_ms exceeds %d", MaxTimeoutMS)}
+	case req.MaxOutputBytes < 0:
+		return Response{ExitCode: -1, Error: "max_output_bytes must not be negative"}
+	}
+	timeout := time.Duration(req.TimeoutMS) * time.Millisecond
+	if timeout == 0 {
+		timeout = DefaultTimeoutMS * time.Millisecond
+	}
+	limit := req.MaxOutputBytes
+	if limit == 0 {
+		limit = DefaultMaxOutputBytes
+	}
+	limit = min(limit, MaxOutputLimit)
+
+	wait := time.NewTimer(timeout)
+	defer wait.Stop()
+	select {
+	case runSem <- struct{}{}:
+	case <-wait.C:
+		return Response{ExitCode: -1, Error: "busy: another run is in progress"}
+	case <-ctx.Done():
+		return Response{ExitCode: -1, Error: "agent shutting down"}
+	}
+	defer func() { <-runSem }()
+
+	dir := filepath.Join(s.opts.TmpDir, fmt.Sprintf("run-%d-%d", os.Getpid(), s.runN.Add(1)))
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		return Response{ExitCode: -1, Error: "create run dir: " + err.Error()}
+	}
+	defer os.RemoveAll(dir)
+	path := filepath.Join(dir, "main"+cmd.Ext)
+	if err := os.WriteFile(path, []byte(req.Code), 0o600); err != nil {
+		return Response{ExitCode: -1, Error: "write code: " + err.Error()}
+	}
+	return s.execute(ctx, lang, cmd, path, timeout, limit)
+}

@@ -1,0 +1,342 @@
+package agent
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// SweepMode decides which processes the post-run sweep kills.
+type SweepMode int
+
+const (
+	// SweepAuto picks SweepContainer when the agent looks like a container's
+	// main process (it is PID 1 or a direct child of PID 1, i.e. of
+	// docker-init) and does not run as root; otherwise SweepDescendants.
+	SweepAuto SweepMode = iota
+	// SweepContainer kills every process the agent may signal except
+	// itself, PID 1 and its zygote(s). Only meaningful inside a sandbox
+	// container's PID namespace; Serve refuses it when the agent is neither
+	// PID 1 nor a child of PID 1, or runs as root.
+	SweepContainer
+	// SweepDescendants kills only the agent's descendants (except its
+	// zygotes). The agent makes itself a child subreaper so that
+	// setsid/double-fork daemons stay its descendants. Used by tests and
+	// when the agent runs on a normal host.
+	SweepDescendants
+)
+
+func (m SweepMode) String() string {
+	switch m {
+	case SweepAuto:
+		return "auto"
+	case SweepContainer:
+		return "container"
+	case SweepDescendants:
+		return "descendants"
+	}
+	return fmt.Sprintf("SweepMode(%d)", int(m))
+}
+
+// ParseSweepMode parses "auto", "container" or "descendants".
+func ParseSweepMode(s string) (SweepMode, error) {
+	switch s {
+	case "", "auto":
+		return SweepAuto, nil
+	case "container":
+		return SweepContainer, nil
+	case "descendants":
+		return SweepDescendants, nil
+	}
+	return 0, fmt.Errorf("unknown sweep mode %q (want auto, container or descendants)", s)
+}
+
+// containerLike reports whether the process looks like a sandbox's main
+// process: PID 1, or a child of PID 1 (docker-init/tini), and not root.
+func containerLike() bool {
+	if os.Geteuid() == 0 {
+		return false
+	}
+	return os.Getpid() == 1 || os.Getppid() == 1
+}
+
+func resolveSweepMode(m SweepMode) (SweepMode, error) {
+	switch m {
+	case SweepAuto:
+		if containerLike() {
+			return SweepContainer, nil
+		}
+		return SweepDescendants, nil
+	case SweepContainer:
+		if !containerLike() {
+			return 0, errors.New("sweep mode container needs the agent to be PID 1 or a child of PID 1 and not root (it kills every process it can signal); use descendants outside a sandbox container")
+		}
+		return SweepContainer, nil
+	case SweepDescendants:
+		return SweepDescendants, nil
+	}
+	return 0, fmt.Errorf("invalid sweep mode %d", int(m))
+}
+
+// Process bookkeeping shared by every Server in the process.
+//
+// spawnMu is held while a child is started and registered and during every
+// sweep round, so a sweep never sees a just-forked child it does not know
+// about yet. protected holds the pids the sweep must spare (live zygotes);
+// managed holds the pids some exec.Cmd will wait for, which the sweep must
+// not reap itself.
+var (
+	spawnMu   sync.Mutex
+	protected = map[int]bool{}
+	managed   = map[int]bool{}
+)
+
+// runSem serialises runs (and with them sweeps) across all Servers of the
+// process: the sweep kills everything outside the protected set, so two
+// concurrent runs would kill each other.
+var runSem = make(chan struct{}, 1)
+
+// subreaperOnce makes the agent a child subreaper (PR_SET_CHILD_SUBREAPER),
+// so that orphans of runs are re-parented to the agent rather than to PID 1
+// and stay visible as descendants.
+var subreaperOnce sync.Once
+
+func becomeSubreaper() {
+	subreaperOnce.Do(func() {
+		const prSetChildSubreaper = 36
+		_, _, _ = syscall.RawSyscall(syscall.SYS_PRCTL, prSetChildSubreaper, 1, 0)
+	})
+}
+
+type procInfo struct {
+	pid, ppid int
+	state     byte
+	start     uint64 // starttime in clock ticks since boot: (pid, start) names a process
+}
+
+type procKey struct {
+	pid   int
+	start uint64
+}
+
+// listProcs reads pid, ppid, state and start time of every process visible
+// in procRoot.
+func listProcs(procRoot string) ([]procInfo, error) {
+	d, err := os.Open(procRoot)
+	if err != nil {
+		return nil, err
+	}
+	defer d.Close()
+	names, err := d.Readdirnames(-1)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]procInfo, 0, len(names))
+	for _, n := range names {
+		pid, err := strconv.Atoi(n)
+		if err != nil || pid <= 0 {
+			continue
+		}
+		b, err := os.ReadFile(procRoot + "/" + n + "/stat")
+		if err != nil {
+			if pid > DebugLow && pid < DebugLow+30 {
+				DebugMiss = append(DebugMiss, fmt.Sprintf("%d:%v", pid, err))
+			}
+			continue // gone
+		}
+		p, ok := parseStat(b)
+		if !ok {
+			if pid > DebugLow && pid < DebugLow+30 {
+				DebugMiss = append(DebugMiss, fmt.Sprintf("%d:parse %q", pid, b))
+			}
+			continue
+		}
+		p.pid = pid
+		out = append(out, p)
+	}
+	return out, nil
+}
+
+// parseStat parses "pid (comm) S ppid ... starttime ..."; comm may contain
+// anything, so the fields are counted from the last ')'.
+func parseStat(b []byte) (procInfo, bool) {
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return procInfo{}, false
+	}
+	f := bytes.Fields(b[i+1:])
+	// f[0] is field 3 (state), f[1] field 4 (ppid), f[19] field 22 (starttime).
+	if len(f) < 20 || len(f[0]) != 1 {
+		return procInfo{}, false
+	}
+	ppid, err := strconv.Atoi(string(f[1]))
+	if err != nil {
+		return procInfo{}, false
+	}
+	st, err := strconv.ParseUint(string(f[19]), 10, 64)
+	if err != nil {
+		return procInfo{}, false
+	}
+	return procInfo{ppid: ppid, state: f[0][0], start: st}, true
+}
+
+// sweepTargets returns the processes a sweep round should consider. In
+// descendants mode, dangling reports whether some process's parent is
+// missing from the snapshot: /proc is not read atomically, so a process
+// whose parent exited while it was being re-parented to the agent can look
+// unrelated; the sweep then does not trust a quiet round.
+func sweepTargets(mode SweepMode, procs []procInfo, self int) (out []procInfo, dangling bool) {
+	if mode == SweepContainer {
+		out = make([]procInfo, 0, len(procs))
+		for _, p := range procs {
+			if p.pid != self && p.pid != 1 {
+				out = append(out, p)
+			}
+		}
+		return out, false
+	}
+	children := map[int][]procInfo{}
+	present := make(map[int]bool, len(procs))
+	for _, p := range procs {
+		children[p.ppid] = append(children[p.ppid], p)
+		present[p.pid] = true
+	}
+	for _, p := range procs {
+		if p.ppid > 0 && !present[p.ppid] && p.state != 'Z' && p.state != 'X' {
+			dangling = true
+		}
+	}
+	queue := []int{self}
+	seen := map[int]bool{self: true}
+	for len(queue) > 0 {
+		pid := queue[0]
+		queue = queue[1:]
+		for _, c := range children[pid] {
+			if seen[c.pid] {
+				continue
+			}
+			seen[c.pid] = true
+			out = append(out, c)
+			queue = append(queue, c.pid)
+		}
+	}
+	return out, dangling
+}
+
+const (
+	// maxSweepRounds bounds the kill loop. Every round SIGKILLs every
+	// process it has not signalled yet; a process with SIGKILL pending
+	// cannot fork any more, so fork bombs converge within the pids limit.
+	maxSweepRounds = 50
+	// sweepExitWait bounds how long the sweep waits for the processes it
+	// killed to actually disappear (exit is asynchronous).
+	sweepExitWait = 2 * time.Second
+)
+
+var DebugLow int
+var DebugMiss []string
+
+// sweepResult summarises one sweep.
+type sweepResult struct {
+	killed    int  // processes SIGKILLed
+	converged bool // a round found nothing new to kill
+	gone      bool // every killed process has exited
+	debug     []string
+}
+
+// sweep SIGKILLs every target process except the protected ones, round after
+// round, until a round finds nothing new to kill, then waits (bounded) until
+// the killed processes have exited. Zombies that are the agent's own
+// unmanaged children (orphans re-parented to the subreaper) are reaped.
+func sweep(mode SweepMode, procRoot string) sweepResult {
+	self := os.Getpid()
+	signalled := map[procKey]bool{}
+	var res sweepResult
+	// pass scans once; with kill it signals new targets, otherwise it counts
+	// signalled processes that are still alive. Zombies of ours are reaped.
+	round := 0
+	pass := func(kill bool) (n int, dangling bool, err error) {
+		procs, err := listProcs(procRoot)
+		if err != nil {
+			return 0, false, err
+		}
+		spawnMu.Lock()
+		defer spawnMu.Unlock()
+		targets, dangling := sweepTargets(mode, procs, self)
+		if kill {
+			var all []string
+			for _, p := range procs {
+				if p.pid > DebugLow && p.pid < DebugLow+30 {
+					all = append(all, fmt.Sprintf("%d(pp%d,%c)", p.pid, p.ppid, p.state))
+				}
+			}
+			res.debug = append(res.debug, fmt.Sprintf("snap%d:%v dangling=%v ntargets=%d", round, all, dangling, len(targets)))
+		}
+		for _, p := range targets {
+			if protected[p.pid] {
+				continue
+			}
+			if p.state == 'Z' || p.state == 'X' {
+				if p.ppid == self && !managed[p.pid] {
+					var ws syscall.WaitStatus
+					_, _ = syscall.Wait4(p.pid, &ws, syscall.WNOHANG, nil)
+				}
+				continue
+			}
+			k := procKey{p.pid, p.start}
+			if !kill {
+				if signalled[k] {
+					n++
+				}
+				continue
+			}
+			if signalled[k] {
+				continue
+			}
+			if e := syscall.Kill(p.pid, syscall.SIGKILL); e == nil {
+				res.debug = append(res.debug, fmt.Sprintf("r%d:%d(pp%d,%c)", round, p.pid, p.ppid, p.state))
+				signalled[k] = true
+				n++
+			}
+		}
+		return n, dangling, nil
+	}
+	for round = 0; round < maxSweepRounds; round++ {
+		n, dangling, err := pass(true)
+		if err != nil {
+			return res
+		}
+		res.killed += n
+		if n == 0 && !dangling {
+			res.converged = true
+			break
+		}
+		if n == 0 {
+			time.Sleep(100 * time.Microsecond) // let re-parenting finish
+		}
+	}
+	if res.killed == 0 {
+		res.gone = true
+		return res
+	}
+	deadline := time.Now().Add(sweepExitWait)
+	for {
+		n, _, err := pass(false)
+		if err != nil {
+			return res
+		}
+		if n == 0 {
+			res.gone = true
+			return res
+		}
+		if time.Now().After(deadline) {
+			return res
+		}
+		time.Sleep(time.Millisecond)
+	}
+}

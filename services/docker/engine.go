@@ -1,0 +1,623 @@
+// Package docker is the local Docker execution engine: every session's code
+// runs in a hardened container (security-cases.md §1.2) whose in-container
+// agent (services/agent) runs one request at a time. A warm pool of started
+// containers per language hides container start-up latency.
+package docker
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	cerrdefs "github.com/containerd/errdefs"
+	"github.com/docker/docker/api/types/container"
+	"github.com/docker/docker/api/types/filters"
+	"github.com/docker/docker/api/types/image"
+	"github.com/docker/docker/api/types/mount"
+	"github.com/docker/docker/client"
+	"github.com/rs/zerolog"
+
+	"github.com/sandbox-broker/sandbox-broker/services/agent"
+	"github.com/sandbox-broker/sandbox-broker/services/brokererr"
+	"github.com/sandbox-broker/sandbox-broker/services/sandbox"
+)
+
+// Labels on images and containers.
+const (
+	LabelRunner    = "sandbox.runner"    // image: "true"
+	LabelLanguage  = "sandbox.language"  // image and container
+	LabelBroker    = "sandbox.broker"    // container: "1"
+	LabelInstance  = "sandbox.instance"  // container: Options.InstanceID
+	LabelWorkspace = "sandbox.workspace" // container: workspace ID or "pool"
+	LabelID        = "sandbox.id"        // container: our ID (names its run dir)
+	LabelRoot      = "sandbox.root"      // container: Options.Root
+)
+
+// In-container paths.
+const (
+	AgentPath     = "/opt/sandbox/broker"
+	WorkspacePath = agent.WorkDir // /mnt/data
+	DataAlias     = "/data"
+	SandboxUID    = 1000
+	SandboxGID    = 1000
+)
+
+// Options configure an Engine.
+type Options struct {
+	Root        string // SANDBOX_ROOT; <Root>/run/<id> socket dirs, <Root>/pool/<id> pool workspaces
+	AgentBinary string // host path of the broker binary, bind-mounted read-only at /opt/sandbox/broker
+	PoolSize    int    // warm containers per language (the config default is 1; 0 or less disables the pool)
+	Memory      int64  // bytes; default 512 MiB; MemorySwap = Memory
+	NanoCPUs    int64  // default 1 CPU
+	PidsLimit   int64  // default 256
+	Runtime     string // "" → runc; "runsc" optional
+	InstanceID  string // label value identifying this broker process
+	Log         zerolog.Logger
+	// ReadyTimeout bounds container start + agent readiness (default 30s).
+	ReadyTimeout time.Duration
+}
+
+const (
+	defaultMemory       = 512 << 20
+	defaultNanoCPUs     = 1_000_000_000
+	defaultPidsLimit    = 256
+	defaultReadyTimeout = 30 * time.Second
+	defaultExecTimeout  = 30 * time.Second
+	hardStopMargin      = 5 * time.Second
+	connectTimeout      = 10 * time.Second
+	removeTimeout       = 30 * time.Second
+)
+
+// Engine is the Docker backend. It implements sandbox.Backend.
+type Engine struct {
+	o    Options
+	cli  *client.Client
+	log  zerolog.Logger
+	seco string
+
+	mu       sync.Mutex
+	runners  map[string]runnerImage // language → image
+	dataLink map[string]bool        // image ID → /data already reaches /mnt/data
+	closed   bool
+
+	pools  map[string]*pool
+	ctx    context.Context // cancelled by Close
+	cancel context.CancelFunc
+	bg     sync.WaitGroup // pool fillers and background removals
+	st     stats
+}
+
+type runnerImage struct {
+	Language string
+	Ref      string // human tag, e.g. sandbox-broker/runner-python:latest
+	ID       string // sha256:… (what containers are created from)
+	Created  int64
+}
+
+var _ sandbox.Backend = (*Engine)(nil)
+
+// New connects to the daemon (FromEnv, API negotiation), discovers runner
+// images, removes orphans of earlier broker processes and starts the pool.
+func New(ctx context.Context, o Options) (*Engine, error) {
+	if o.Root == "" {
+		return nil, errors.New("docker: Options.Root is required")
+	}
+	if o.AgentBinary == "" {
+		return nil, errors.New("docker: Options.AgentBinary is required")
+	}
+	if st, err := os.Stat(o.AgentBinary); err != nil || !st.Mode().IsRegular() {
+		return nil, fmt.Errorf("docker: agent binary %q is not a regular file: %v", o.AgentBinary, err)
+	}
+	root, err := filepath.Abs(o.Root)
+	if err != nil {
+		return nil, err
+	}
+	o.Root = root
+	if o.AgentBinary, err = filepath.Abs(o.AgentBinary); err != nil {
+		return nil, err
+	}
+	if o.PoolSize < 0 {
+		o.PoolSize = 0
+	}
+	if o.Memory <= 0 {
+		o.Memory = defaultMemory
+	}
+	if o.NanoCPUs <= 0 {
+		o.NanoCPUs = defaultNanoCPUs
+	}
+	if o.PidsLimit <= 0 {
+		o.PidsLimit = defaultPidsLimit
+	}
+	if o.ReadyTimeout <= 0 {
+		o.ReadyTimeout = defaultReadyTimeout
+	}
+	if o.InstanceID == "" {
+		o.InstanceID = newID()
+	}
+	for _, d := range []string{o.Root, filepath.Join(o.Root, "run"), filepath.Join(o.Root, "pool")} {
+		if err := os.MkdirAll(d, 0o711); err != nil {
+			return nil, fmt.Errorf("docker: %w", err)
+		}
+	}
+
+	cli, err := client.NewClientWithOpts(client.FromEnv, client.WithAPIVersionNegotiation())
+	if err != nil {
+		return nil, brokererr.Wrap(err, brokererr.Unavailable, "the Docker engine is not available")
+	}
+	pctx, cancel := context.WithTimeout(ctx, connectTimeout)
+	_, err = cli.Ping(pctx)
+	cancel()
+	if err != nil {
+		_ = cli.Close()
+		return nil, brokererr.Wrap(err, brokererr.Unavailable, "the Docker daemon is not reachable")
+	}
+
+	e := &Engine{
+		o:        o,
+		cli:      cli,
+		log:      o.Log.With().Str("component", "docker").Logger(),
+		seco:     SeccompProfileJSON(),
+		dataLink: map[string]bool{},
+		pools:    map[string]*pool{},
+	}
+	e.ctx, e.cancel = context.WithCancel(context.WithoutCancel(ctx))
+	if _, err := e.discover(ctx); err != nil {
+		_ = cli.Close()
+		return nil, err
+	}
+	if err := e.sweepOrphans(ctx); err != nil {
+		_ = cli.Close()
+		return nil, err
+	}
+	if o.PoolSize > 0 {
+		e.mu.Lock()
+		for lang := range e.runners {
+			e.pools[lang] = e.startPool(lang)
+		}
+		e.mu.Unlock()
+	}
+	return e, nil
+}
+
+// Name implements sandbox.Backend.
+func (e *Engine) Name() string { return "docker" }
+
+// Ping implements sandbox.Backend.
+func (e *Engine) Ping(ctx context.Context) error {
+	if _, err := e.cli.Ping(ctx); err != nil {
+		return brokererr.Wrap(err, brokererr.Unavailable, "the Docker daemon is not reachable")
+	}
+	return nil
+}
+
+// Runners implements sandbox.Backend; it re-reads the image list.
+func (e *Engine) Runners(ctx context.Context) ([]sandbox.Runner, error) {
+	m, err := e.discover(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]sandbox.Runner, 0, len(m))
+	for _, r := range m {
+		out = append(out, sandbox.Runner{Language: r.Language, Image: r.Ref})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Language < out[j].Language })
+	return out, nil
+}
+
+// discover lists images labelled sandbox.runner=true. Per language it
+// prefers a tagged image over a dangling one, then the newest.
+func (e *Engine) discover(ctx context.Context) (map[string]runnerImage, error) {
+	imgs, err := e.cli.ImageList(ctx, image.ListOptions{
+		Filters: filters.NewArgs(filters.Arg("label", LabelRunner+"=true")),
+	})
+	if err != nil {
+		return nil, brokererr.Wrap(err, brokererr.Unavailable, "cannot list runner images")
+	}
+	m := map[string]runnerImage{}
+	better := func(a, b runnerImage) bool { // a better than b
+		at, bt := a.Ref != a.ID, b.Ref != b.ID
+		if at != bt {
+			return at
+		}
+		return a.Created > b.Created
+	}
+	for _, im := range imgs {
+		lang := im.Labels[LabelLanguage]
+		if lang == "" || !validLanguage(lang) {
+			continue
+		}
+		r := runnerImage{Language: lang, ID: im.ID, Ref: im.ID, Created: im.Created}
+		for _, t := range im.RepoTags {
+			if t != "<none>:<none>" {
+				r.Ref = t
+				break
+			}
+		}
+		if old, ok := m[lang]; !ok || better(r, old) {
+			m[lang] = r
+		}
+	}
+	e.mu.Lock()
+	e.runners = m
+	e.mu.Unlock()
+	return m, nil
+}
+
+func validLanguage(s string) bool {
+	if len(s) == 0 || len(s) > 32 {
+		return false
+	}
+	for _, c := range s {
+		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '-' || c == '_') {
+			return false
+		}
+	}
+	return true
+}
+
+// runner returns the image for lang, re-reading the image list once if it is
+// unknown.
+func (e *Engine) runner(ctx context.Context, lang string) (runnerImage, error) {
+	e.mu.Lock()
+	r, ok := e.runners[lang]
+	e.mu.Unlock()
+	if ok {
+		return r, nil
+	}
+	m, err := e.discover(ctx)
+	if err != nil {
+		return runnerImage{}, err
+	}
+	if r, ok := m[lang]; ok {
+		return r, nil
+	}
+	langs := make([]string, 0, len(m))
+	for l := range m {
+		langs = append(langs, l)
+	}
+	sort.Strings(langs)
+	msg := "none"
+	if len(langs) > 0 {
+		msg = strings.Join(langs, ", ")
+	}
+	if len(lang) > 40 {
+		lang = lang[:40] + "…"
+	}
+	return runnerImage{}, brokererr.New(brokererr.UnknownLanguage, "unknown language %q; available: %s", lang, msg)
+}
+
+// sweepOrphans removes every container labelled sandbox.broker=1 that belongs
+// to this Root (or carries no root label), and their run dirs, plus stale
+// pool workspaces.
+func (e *Engine) sweepOrphans(ctx context.Context) error {
+	list, err := e.cli.ContainerList(ctx, container.ListOptions{
+		All:     true,
+		Filters: filters.NewArgs(filters.Arg("label", LabelBroker+"=1")),
+	})
+	if err != nil {
+		return brokererr.Wrap(err, brokererr.Unavailable, "cannot list containers")
+	}
+	for _, c := range list {
+		if r, ok := c.Labels[LabelRoot]; ok && r != e.o.Root {
+			continue // another broker's root: not ours to sweep
+		}
+		rctx, cancel := context.WithTimeout(ctx, removeTimeout)
+		err := e.cli.ContainerRemove(rctx, c.ID, container.RemoveOptions{Force: true, RemoveVolumes: true})
+		cancel()
+		if err != nil && !isNotFound(err) {
+			e.log.Warn().Err(err).Str("container", shortID(c.ID)).Msg("orphan removal failed")
+			continue
+		}
+		if id := c.Labels[LabelID]; validID(id) {
+			_ = os.RemoveAll(filepath.Join(e.o.Root, "run", id))
+		}
+		e.log.Info().Str("container", shortID(c.ID)).Str("instance", c.Labels[LabelInstance]).Msg("removed orphan sandbox container")
+	}
+	// Nothing of a previous process under run/ and pool/ is in use any more.
+	for _, sub := range []string{"run", "pool"} {
+		ents, _ := os.ReadDir(filepath.Join(e.o.Root, sub))
+		for _, de := range ents {
+			if validID(de.Name()) {
+				_ = os.RemoveAll(filepath.Join(e.o.Root, sub, de.Name()))
+			}
+		}
+	}
+	return nil
+}
+
+// Close implements sandbox.Backend: it stops the pool fillers and removes
+// pooled containers. Session containers are left to their sessions (and to
+// the next start's orphan sweep).
+func (e *Engine) Close(ctx context.Context) error {
+	e.mu.Lock()
+	if e.closed {
+		e.mu.Unlock()
+		return nil
+	}
+	e.closed = true
+	pools := e.pools
+	e.mu.Unlock()
+	e.cancel()
+	e.bg.Wait()
+	var errs []error
+	for _, p := range pools {
+		for _, c := range p.drain() {
+			if err := e.removeContainer(ctx, c); err != nil {
+				errs = append(errs, err)
+			}
+			_ = os.RemoveAll(c.poolDir)
+		}
+	}
+	errs = append(errs, e.cli.Close())
+	return errors.Join(errs...)
+}
+
+// ---------------------------------------------------------------------------
+// Containers
+
+// ctr is one sandbox container.
+type ctr struct {
+	id       string // our ID: container name suffix, run dir name
+	dockerID string
+	lang     string
+	img      string // image ID
+	runDir   string // host <Root>/run/<id>
+	poolDir  string // host <Root>/pool/<id> while pooled, "" otherwise
+	baseline int    // processes in the container once the agent was ready
+}
+
+func (c *ctr) socket() string { return filepath.Join(c.runDir, agent.SocketName) }
+
+func newID() string {
+	var b [8]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		panic(err)
+	}
+	return hex.EncodeToString(b[:])
+}
+
+func validID(s string) bool {
+	if len(s) != 16 {
+		return false
+	}
+	_, err := hex.DecodeString(s)
+	return err == nil
+}
+
+func shortID(s string) string {
+	if len(s) > 12 {
+		return s[:12]
+	}
+	return s
+}
+
+// prepareDir makes dir (if needed) owned by the sandbox user, mode 0700.
+func prepareDir(dir string) error {
+	if err := os.Mkdir(dir, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
+		return err
+	}
+	if err := os.Chown(dir, SandboxUID, SandboxGID); err != nil {
+		// Not root: let the sandbox user write through the mode bits.
+		return os.Chmod(dir, 0o777)
+	}
+	return os.Chmod(dir, 0o700)
+}
+
+// specFor returns the container configuration: exactly security-cases.md
+// §1.2, plus the agent command and the three bind mounts.
+func (e *Engine) specFor(r runnerImage, id, workspaceDir, runDir, workspaceLabel string, dataIsLink bool) (*container.Config, *container.HostConfig) {
+	yes := true
+	pids := e.o.PidsLimit
+	cfg := &container.Config{
+		Image:           r.ID,
+		User:            fmt.Sprintf("%d:%d", SandboxUID, SandboxGID),
+		Env:             []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/tmp", "LANG=C.UTF-8"},
+		WorkingDir:      WorkspacePath,
+		Hostname:        "sandbox",
+		NetworkDisabled: true,
+		StopSignal:      "SIGKILL",
+		Entrypoint:      []string{},
+		Cmd:             []string{AgentPath, "agent", "--socket", agent.SocketDir + "/" + agent.SocketName, "--language", r.Language},
+		Labels: map[string]string{
+			LabelBroker:    "1",
+			LabelInstance:  e.o.InstanceID,
+			LabelLanguage:  r.Language,
+			LabelWorkspace: workspaceLabel,
+			LabelID:        id,
+			LabelRoot:      e.o.Root,
+		},
+	}
+	mounts := []mount.Mount{
+		{
+			Type: mount.TypeBind, Source: workspaceDir, Target: WorkspacePath,
+			BindOptions: &mount.BindOptions{Propagation: mount.PropagationRPrivate, NonRecursive: true},
+		},
+		{
+			Type: mount.TypeBind, Source: runDir, Target: agent.SocketDir,
+			BindOptions: &mount.BindOptions{Propagation: mount.PropagationRPrivate, NonRecursive: true},
+		},
+		{
+			Type: mount.TypeBind, Source: e.o.AgentBinary, Target: AgentPath, ReadOnly: true,
+			BindOptions: &mount.BindOptions{Propagation: mount.PropagationRPrivate, NonRecursive: true},
+		},
+	}
+	if !dataIsLink {
+		mounts = append(mounts, mount.Mount{
+			Type: mount.TypeBind, Source: workspaceDir, Target: DataAlias,
+			BindOptions: &mount.BindOptions{Propagation: mount.PropagationRPrivate, NonRecursive: true},
+		})
+	}
+	hc := &container.HostConfig{
+		Runtime:        e.o.Runtime,
+		NetworkMode:    "none",
+		ReadonlyRootfs: true,
+		CapDrop:        []string{"ALL"},
+		SecurityOpt:    []string{"no-new-privileges:true", "seccomp=" + e.seco},
+		Privileged:     false,
+		IpcMode:        "private",
+		PidMode:        "",
+		UTSMode:        "",
+		CgroupnsMode:   "private",
+		Init:           &yes,
+		ShmSize:        16 << 20,
+		Tmpfs:          map[string]string{"/tmp": "rw,noexec,nosuid,nodev,size=64m,mode=1777"},
+		LogConfig: container.LogConfig{Type: "json-file",
+			Config: map[string]string{"max-size": "1m", "max-file": "1"}},
+		Resources: container.Resources{
+			Memory:     e.o.Memory,
+			MemorySwap: e.o.Memory,
+			NanoCPUs:   e.o.NanoCPUs,
+			PidsLimit:  &pids,
+			Ulimits: []*container.Ulimit{
+				{Name: "nofile", Soft: 1024, Hard: 1024},
+				{Name: "fsize", Soft: 256 << 20, Hard: 256 << 20},
+				{Name: "core", Soft: 0, Hard: 0},
+			},
+		},
+		Mounts: mounts,
+	}
+	return cfg, hc
+}
+
+// dataIsLink reports whether the image's /data is a symlink to /mnt/data
+// (the runner images have one); it is checked once per image on a created,
+// never started container.
+func (e *Engine) dataIsLink(ctx context.Context, r runnerImage) bool {
+	e.mu.Lock()
+	v, ok := e.dataLink[r.ID]
+	e.mu.Unlock()
+	if ok {
+		return v
+	}
+	resp, err := e.cli.ContainerCreate(ctx, &container.Config{
+		Image: r.ID, Entrypoint: []string{}, Cmd: []string{"/nonexistent"}, NetworkDisabled: true,
+		Labels: map[string]string{LabelBroker: "1", LabelInstance: e.o.InstanceID, LabelRoot: e.o.Root, LabelWorkspace: "probe"},
+	}, &container.HostConfig{NetworkMode: "none"}, nil, nil, "")
+	if err != nil {
+		return false
+	}
+	defer func() {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), removeTimeout)
+		_ = e.cli.ContainerRemove(rctx, resp.ID, container.RemoveOptions{Force: true})
+		cancel()
+	}()
+	st, err := e.cli.ContainerStatPath(ctx, resp.ID, DataAlias)
+	v = err == nil && st.Mode&os.ModeSymlink != 0 && strings.TrimSuffix(st.LinkTarget, "/") == WorkspacePath
+	e.mu.Lock()
+	e.dataLink[r.ID] = v
+	e.mu.Unlock()
+	return v
+}
+
+// startContainer creates and starts a container for lang with workspaceDir
+// mounted, and waits for its agent.
+func (e *Engine) startContainer(ctx context.Context, r runnerImage, workspaceDir, workspaceLabel string) (*ctr, error) {
+	c := &ctr{id: newID(), lang: r.Language, img: r.ID}
+	c.runDir = filepath.Join(e.o.Root, "run", c.id)
+	if err := prepareDir(c.runDir); err != nil {
+		return nil, fmt.Errorf("docker: run dir: %w", err)
+	}
+	cfg, hc := e.specFor(r, c.id, workspaceDir, c.runDir, workspaceLabel, e.dataIsLink(ctx, r))
+	resp, err := e.cli.ContainerCreate(ctx, cfg, hc, nil, nil, "sandbox-"+c.id)
+	if err != nil {
+		_ = os.RemoveAll(c.runDir)
+		return nil, brokererr.Wrap(err, brokererr.Unavailable, "cannot create a %s sandbox", r.Language)
+	}
+	c.dockerID = resp.ID
+	fail := func(err error) (*ctr, error) {
+		_ = e.removeContainer(ctx, c)
+		return nil, err
+	}
+	if err := e.cli.ContainerStart(ctx, c.dockerID, container.StartOptions{}); err != nil {
+		return fail(brokererr.Wrap(err, brokererr.Unavailable, "cannot start a %s sandbox", r.Language))
+	}
+	rctx, cancel := context.WithTimeout(ctx, e.o.ReadyTimeout)
+	err = agentWaitReady(rctx, c.socket())
+	cancel()
+	if err != nil {
+		st := ""
+		if ins, ierr := e.cli.ContainerInspect(context.WithoutCancel(ctx), c.dockerID); ierr == nil && ins.State != nil {
+			st = fmt.Sprintf("status=%s exit=%d error=%q", ins.State.Status, ins.State.ExitCode, ins.State.Error)
+		}
+		e.log.Warn().Err(err).Str("container", shortID(c.dockerID)).Str("state", st).Msg("sandbox agent not ready")
+		return fail(brokererr.Wrap(err, brokererr.Unavailable, "the %s sandbox did not become ready", r.Language))
+	}
+	c.baseline = e.processCount(c)
+	return c, nil
+}
+
+// removeContainer force-removes c and its run dir (not its workspace).
+func (e *Engine) removeContainer(ctx context.Context, c *ctr) error {
+	var err error
+	if c.dockerID != "" {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), removeTimeout)
+		err = e.cli.ContainerRemove(rctx, c.dockerID, container.RemoveOptions{Force: true, RemoveVolumes: true})
+		cancel()
+		if isNotFound(err) {
+			err = nil
+		}
+	}
+	_ = os.RemoveAll(c.runDir)
+	return err
+}
+
+// removeAsync removes c in the background (Close waits for it).
+func (e *Engine) removeAsync(c *ctr) {
+	e.bg.Add(1)
+	go func() {
+		defer e.bg.Done()
+		if err := e.removeContainer(context.Background(), c); err != nil {
+			e.log.Warn().Err(err).Str("container", shortID(c.dockerID)).Msg("container removal failed")
+		}
+	}()
+}
+
+func isNotFound(err error) bool {
+	if err == nil {
+		return false
+	}
+	if cerrdefs.IsNotFound(err) {
+		return true
+	}
+	s := err.Error()
+	return strings.Contains(s, "No such container") || strings.Contains(s, "is already in progress")
+}
+
+// cgroup v1 paths (cgroupfs driver: /sys/fs/cgroup/<ctrl>/docker/<id>).
+var cgroupRoot = "/sys/fs/cgroup"
+
+// oomKills returns the memory cgroup's oom_kill counter, or -1.
+func (e *Engine) oomKills(c *ctr) int64 {
+	b, err := os.ReadFile(filepath.Join(cgroupRoot, "memory", "docker", c.dockerID, "memory.oom_control"))
+	if err != nil {
+		return -1
+	}
+	for line := range strings.SplitSeq(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "oom_kill "); ok {
+			var n int64
+			if _, err := fmt.Sscan(v, &n); err == nil {
+				return n
+			}
+		}
+	}
+	return -1
+}
+
+// processCount returns how many processes are in the container's cgroup,
+// or -1 when it cannot tell.
+func (e *Engine) processCount(c *ctr) int {
+	b, err := os.ReadFile(filepath.Join(cgroupRoot, "pids", "docker", c.dockerID, "cgroup.procs"))
+	if err != nil {
+		return -1
+	}
+	return len(slices.DeleteFunc(strings.Split(string(b), "\n"), func(s string) bool { return s == "" }))
+}

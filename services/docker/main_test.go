@@ -1,0 +1,199 @@
+package docker
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/docker/docker/api/types/container"
+	"github.com/docker/docker/api/types/filters"
+	"github.com/docker/docker/client"
+	"github.com/rs/zerolog"
+
+	"github.com/sandbox-broker/sandbox-broker/services/sandbox"
+)
+
+// agentBinary is what tests mount as /opt/sandbox/broker: the real broker
+// when ./cmd/sandbox-broker builds, else this test binary (fake agent).
+var (
+	agentBinary string
+	agentKind   string
+)
+
+func TestMain(m *testing.M) {
+	if len(os.Args) > 1 && os.Args[1] == "agent" {
+		os.Exit(fakeAgentMain(os.Args[2:]))
+	}
+	dir, err := os.MkdirTemp("", "docker-engine-test-")
+	if err != nil {
+		panic(err)
+	}
+	agentBinary, agentKind = buildAgent(dir)
+	code := m.Run()
+	_ = os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// buildAgent builds the real broker (CGO off, so it runs in any image) or
+// falls back to this test binary. SANDBOX_TEST_AGENT=fake forces the fake.
+func buildAgent(dir string) (string, string) {
+	if v := os.Getenv("SANDBOX_TEST_AGENT_BINARY"); v != "" {
+		return v, "given"
+	}
+	if os.Getenv("SANDBOX_TEST_AGENT") != "fake" {
+		out := filepath.Join(dir, "sandbox-broker")
+		cmd := exec.Command("go", "build", "-o", out, "github.com/sandbox-broker/sandbox-broker/cmd/sandbox-broker")
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if b, err := cmd.CombinedOutput(); err == nil {
+			return out, "real"
+		} else {
+			fmt.Fprintf(os.Stderr, "docker tests: real broker does not build, using the fake agent:\n%s\n", lastLines(string(b), 5))
+		}
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		panic(err)
+	}
+	return exe, "fake"
+}
+
+func lastLines(s string, n int) string {
+	l := strings.Split(strings.TrimSpace(s), "\n")
+	if len(l) > n {
+		l = l[len(l)-n:]
+	}
+	return strings.Join(l, "\n")
+}
+
+func inCI() bool { return os.Getenv("CI") == "true" }
+
+// needDocker returns a client for the real daemon: a missing daemon fails
+// the test in CI and skips it elsewhere.
+func needDocker(t testing.TB) *client.Client {
+	t.Helper()
+	cli, err := client.NewClientWithOpts(client.FromEnv, client.WithAPIVersionNegotiation())
+	if err == nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		_, err = cli.Ping(ctx)
+		cancel()
+	}
+	if err != nil {
+		if inCI() {
+			t.Fatalf("CI=true but the Docker daemon is not reachable: %v", err)
+		}
+		t.Skipf("docker not reachable: %v", err)
+	}
+	t.Cleanup(func() { _ = cli.Close() })
+	return cli
+}
+
+// needRunner requires a runner image for lang (CI: fail; else skip).
+func needRunner(t testing.TB, e *Engine, lang string) {
+	t.Helper()
+	if _, err := e.runner(context.Background(), lang); err != nil {
+		if inCI() {
+			t.Fatalf("CI=true but no runner image for %q (label sandbox.runner=true, sandbox.language=%s): %v; build it with runners/build.sh", lang, lang, err)
+		}
+		t.Skipf("no runner image for %q: %v", lang, err)
+	}
+}
+
+func newEngine(t testing.TB, mod func(*Options)) *Engine {
+	t.Helper()
+	needDocker(t)
+	o := Options{
+		Root:        t.TempDir(),
+		AgentBinary: agentBinary,
+		PoolSize:    0,
+		InstanceID:  "test-" + randHex(4),
+		Log:         zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.InfoLevel),
+	}
+	if mod != nil {
+		mod(&o)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	e, err := New(ctx, o)
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		if err := e.Close(ctx); err != nil {
+			t.Errorf("Close: %v", err)
+		}
+		// Nothing of this engine may survive it.
+		left := listContainers(t, e.cli, LabelRoot+"="+e.o.Root)
+		for _, c := range left {
+			_ = e.cli.ContainerRemove(ctx, c.ID, container.RemoveOptions{Force: true})
+		}
+	})
+	return e
+}
+
+func randHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+func newRef(e *Engine) sandbox.SessionRef {
+	id := randHex(16)
+	return sandbox.SessionRef{WorkspaceID: id, Dir: filepath.Join(e.o.Root, "workspaces", id), Principal: "tester"}
+}
+
+func listContainers(t testing.TB, cli *client.Client, labels ...string) []container.Summary {
+	t.Helper()
+	f := filters.NewArgs()
+	for _, l := range labels {
+		f.Add("label", l)
+	}
+	list, err := cli.ContainerList(context.Background(), container.ListOptions{All: true, Filters: f})
+	if err != nil {
+		t.Fatalf("ContainerList: %v", err)
+	}
+	return list
+}
+
+func exec1(t testing.TB, s sandbox.Session, lang, code string, timeout time.Duration) sandbox.ExecResult {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout+time.Minute)
+	defer cancel()
+	res, err := s.Exec(ctx, sandbox.ExecRequest{Language: lang, Code: code, Timeout: timeout, MaxOutputBytes: 1 << 20})
+	if err != nil {
+		t.Fatalf("Exec(%s): %v", lang, err)
+	}
+	return res
+}
+
+// sessionContainer returns the single container of a session's workspace.
+func sessionContainer(t testing.TB, s sandbox.Session) *ctr {
+	t.Helper()
+	ss := s.(*Session)
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	for _, c := range ss.ctrs {
+		return c
+	}
+	t.Fatal("session has no container")
+	return nil
+}
+
+func waitFor(t testing.TB, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}

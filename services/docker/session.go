@@ -1,0 +1,328 @@
+package docker
+
+import (
+	"context"
+	"errors"
+	"io/fs"
+	"os"
+	"path"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/sandbox-broker/sandbox-broker/services/agent"
+	"github.com/sandbox-broker/sandbox-broker/services/brokererr"
+	"github.com/sandbox-broker/sandbox-broker/services/sandbox"
+	"github.com/sandbox-broker/sandbox-broker/services/workspace"
+)
+
+// Session is one session's sandbox: one container per language, created on
+// the first Exec of that language. It implements sandbox.Session.
+type Session struct {
+	e   *Engine
+	ref sandbox.SessionRef
+
+	mu        sync.Mutex
+	ctrs      map[string]*ctr
+	destroyed bool
+}
+
+var _ sandbox.Session = (*Session)(nil)
+
+// Open implements sandbox.Backend. No container is started until Exec.
+func (e *Engine) Open(ctx context.Context, ref sandbox.SessionRef) (sandbox.Session, error) {
+	if !validWorkspaceID(ref.WorkspaceID) {
+		return nil, brokererr.New(brokererr.InvalidInput, "invalid workspace id")
+	}
+	if ref.Dir == "" || !strings.HasPrefix(ref.Dir, "/") || path.Clean(ref.Dir) != ref.Dir {
+		return nil, brokererr.New(brokererr.InternalError, "workspace dir must be a clean absolute path")
+	}
+	e.mu.Lock()
+	closed := e.closed
+	e.mu.Unlock()
+	if closed {
+		return nil, brokererr.New(brokererr.Unavailable, "the Docker engine is shut down")
+	}
+	return &Session{e: e, ref: ref, ctrs: map[string]*ctr{}}, nil
+}
+
+func validWorkspaceID(s string) bool {
+	if s == "" || len(s) > 64 || s == "pool" || s == "probe" {
+		return false
+	}
+	for _, c := range s {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_') {
+			return false
+		}
+	}
+	return true
+}
+
+// Exec runs code in the session's container for req.Language.
+func (s *Session) Exec(ctx context.Context, req sandbox.ExecRequest) (sandbox.ExecResult, error) {
+	e := s.e
+	r, err := e.runner(ctx, req.Language)
+	if err != nil {
+		return sandbox.ExecResult{}, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.destroyed {
+		return sandbox.ExecResult{}, brokererr.New(brokererr.SandboxNotFound, "the sandbox was destroyed")
+	}
+	c := s.ctrs[r.Language]
+	if c == nil {
+		c, err = e.acquire(ctx, r, s.ref, len(s.ctrs) == 0)
+		if err != nil {
+			return sandbox.ExecResult{}, err
+		}
+		s.ctrs[r.Language] = c
+	}
+
+	timeout := req.Timeout
+	if timeout <= 0 {
+		timeout = defaultExecTimeout
+	}
+	if timeout > agent.MaxTimeoutMS*time.Millisecond {
+		timeout = agent.MaxTimeoutMS * time.Millisecond
+	}
+	oomBefore := e.oomKills(c)
+	rctx, cancel := context.WithTimeout(ctx, timeout+hardStopMargin)
+	start := time.Now()
+	resp, err := agentRun(rctx, c.socket(), agent.Request{
+		Language:       r.Language,
+		Code:           req.Code,
+		TimeoutMS:      max(timeout.Milliseconds(), 1),
+		MaxOutputBytes: req.MaxOutputBytes,
+	})
+	hardStop := rctx.Err() != nil && ctx.Err() == nil
+	cancel()
+	dur := time.Since(start)
+	if err != nil {
+		// The agent is gone, hung or the caller gave up: this container's
+		// state is unknown, so it goes; the next Exec starts a new one.
+		delete(s.ctrs, r.Language)
+		e.killAndRemove(c)
+		switch {
+		case hardStop:
+			e.log.Warn().Str("container", shortID(c.dockerID)).Dur("timeout", timeout).Msg("sandbox missed its deadline; killed")
+			return sandbox.ExecResult{TimedOut: true, Duration: dur, ExitCode: -1, Signal: "SIGKILL"},
+				brokererr.New(brokererr.SandboxTimeout, "the code did not finish within %s and the sandbox was killed", timeout)
+		case ctx.Err() != nil:
+			return sandbox.ExecResult{}, ctx.Err()
+		}
+		e.log.Warn().Err(err).Str("container", shortID(c.dockerID)).Msg("sandbox agent unreachable")
+		return sandbox.ExecResult{}, brokererr.Wrap(err, brokererr.Unavailable, "the %s sandbox stopped responding; it will be restarted on the next call", r.Language)
+	}
+	if resp.Error != "" {
+		msg := resp.Error
+		if len(msg) > 300 {
+			msg = msg[:300] + "…"
+		}
+		return sandbox.ExecResult{}, brokererr.New(brokererr.Unavailable, "the sandbox could not run the code: %s", msg)
+	}
+	res := sandbox.ExecResult{
+		ExitCode:  resp.ExitCode,
+		Signal:    resp.Signal,
+		Stdout:    resp.Stdout,
+		Stderr:    resp.Stderr,
+		Truncated: resp.Truncated,
+		TimedOut:  resp.TimedOut,
+		Duration:  time.Duration(resp.DurationMS) * time.Millisecond,
+	}
+	if res.Duration <= 0 {
+		res.Duration = dur
+	}
+	if !res.TimedOut && (resp.Signal == "SIGKILL" || resp.ExitCode == 137) {
+		res.OOMKilled = e.wasOOMKilled(ctx, c, oomBefore)
+	}
+	// A run that timed out or hit the OOM killer may have left the
+	// container in a bad state (stray processes, half-written /tmp): the
+	// next run gets a fresh container. Files in the workspace stay.
+	if res.TimedOut || res.OOMKilled || e.hasStrays(c) {
+		delete(s.ctrs, r.Language)
+		e.killAndRemove(c)
+	}
+	return res, nil
+}
+
+// wasOOMKilled compares the cgroup v1 oom_kill counter with its value before
+// the run, falling back to the container's State.OOMKilled.
+func (e *Engine) wasOOMKilled(ctx context.Context, c *ctr, before int64) bool {
+	if before >= 0 {
+		if after := e.oomKills(c); after >= 0 {
+			return after > before
+		}
+	}
+	ins, err := e.cli.ContainerInspect(ctx, c.dockerID)
+	return err == nil && ins.State != nil && ins.State.OOMKilled
+}
+
+// hasStrays reports processes left in the container after a run.
+func (e *Engine) hasStrays(c *ctr) bool {
+	if c.baseline <= 0 {
+		return false
+	}
+	n := e.processCount(c)
+	return n > c.baseline
+}
+
+// killAndRemove removes c in the background (SIGKILL + force remove).
+func (e *Engine) killAndRemove(c *ctr) { e.removeAsync(c) }
+
+func (s *Session) openWorkspace(create bool) (*workspace.Workspace, error) {
+	if create {
+		if _, err := os.Lstat(s.ref.Dir); errors.Is(err, fs.ErrNotExist) {
+			return workspace.Create(s.ref.Dir)
+		}
+	}
+	return workspace.Open(s.ref.Dir, workspace.Limits{})
+}
+
+// WriteFile implements sandbox.Session on the host workspace directory.
+func (s *Session) WriteFile(ctx context.Context, p string, data []byte, overwrite bool) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.destroyed {
+		return brokererr.New(brokererr.SandboxNotFound, "the sandbox was destroyed")
+	}
+	w, err := s.openWorkspace(true)
+	if err != nil {
+		return err
+	}
+	defer w.Close()
+	return w.Write(p, data, overwrite)
+}
+
+// ReadFile implements sandbox.Session.
+func (s *Session) ReadFile(ctx context.Context, p string, offset, max int64) (sandbox.File, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.destroyed {
+		return sandbox.File{}, brokererr.New(brokererr.SandboxNotFound, "the sandbox was destroyed")
+	}
+	w, err := s.openWorkspace(false)
+	if err != nil {
+		if brokererr.CodeOf(err) == brokererr.SandboxNotFound {
+			return sandbox.File{}, brokererr.New(brokererr.FileNotFound, "file not found")
+		}
+		return sandbox.File{}, err
+	}
+	defer w.Close()
+	return w.Read(p, offset, max)
+}
+
+// maxListEntries bounds ListFiles.
+const maxListEntries = 10000
+
+// ListFiles implements sandbox.Session: regular files under dir, recursively,
+// sorted by path. Symlinks and special files are not listed.
+func (s *Session) ListFiles(ctx context.Context, dir string) ([]sandbox.FileInfo, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.destroyed {
+		return nil, brokererr.New(brokererr.SandboxNotFound, "the sandbox was destroyed")
+	}
+	start := "."
+	if dir != "" && dir != "." && dir != "/" {
+		rel, err := workspace.ValidatePath(dir)
+		if err != nil {
+			return nil, err
+		}
+		start = rel
+	}
+	fi, err := os.Lstat(s.ref.Dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		if start == "." {
+			return []sandbox.FileInfo{}, nil
+		}
+		return nil, brokererr.New(brokererr.FileNotFound, "directory not found")
+	}
+	if err != nil || !fi.IsDir() {
+		return nil, brokererr.Wrap(err, brokererr.InternalError, "cannot open workspace")
+	}
+	root, err := os.OpenRoot(s.ref.Dir)
+	if err != nil {
+		return nil, brokererr.Wrap(err, brokererr.InternalError, "cannot open workspace")
+	}
+	defer root.Close()
+	if st, err := root.Lstat(start); err != nil || !st.IsDir() {
+		return nil, brokererr.New(brokererr.FileNotFound, "directory not found")
+	}
+	out := []sandbox.FileInfo{}
+	err = fs.WalkDir(root.FS(), start, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			if p == start {
+				return err
+			}
+			return nil // unreadable subtree: skip
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if !d.Type().IsRegular() || strings.HasPrefix(d.Name(), ".sbx-tmp-") {
+			return nil
+		}
+		info, err := d.Info()
+		if err != nil {
+			return nil
+		}
+		if len(out) >= maxListEntries {
+			return fs.SkipAll
+		}
+		out = append(out, sandbox.FileInfo{Path: p, Size: info.Size(), ModTime: info.ModTime()})
+		return nil
+	})
+	if err != nil {
+		return nil, brokererr.Wrap(err, brokererr.InternalError, "cannot list workspace")
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Path < out[j].Path })
+	return out, nil
+}
+
+// removeAll removes every container of the session and waits.
+func (s *Session) removeAll(ctx context.Context) error {
+	var wg sync.WaitGroup
+	errs := make([]error, 0, len(s.ctrs))
+	var mu sync.Mutex
+	for l, c := range s.ctrs {
+		delete(s.ctrs, l)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := s.e.removeContainer(ctx, c); err != nil {
+				mu.Lock()
+				errs = append(errs, err)
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+// Release implements sandbox.Session: containers go, files stay. The
+// session stays usable; the next Exec starts new containers.
+func (s *Session) Release(ctx context.Context) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.removeAll(ctx); err != nil {
+		return brokererr.Wrap(err, brokererr.Unavailable, "cannot remove the sandbox containers")
+	}
+	return nil
+}
+
+// Destroy implements sandbox.Session: containers and files go.
+func (s *Session) Destroy(ctx context.Context) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.destroyed = true
+	if err := s.removeAll(ctx); err != nil {
+		return brokererr.Wrap(err, brokererr.Unavailable, "cannot remove the sandbox containers")
+	}
+	if err := os.RemoveAll(s.ref.Dir); err != nil {
+		return brokererr.Wrap(err, brokererr.InternalError, "cannot delete the workspace")
+	}
+	return nil
+}

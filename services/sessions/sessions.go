@@ -1,0 +1,356 @@
+// Package sessions maps (principal, session_id) to a sandbox session. A
+// session belongs to the principal that created it: any other principal
+// asking for the same ID is treated exactly as if it did not exist. Sessions
+// persist in SQLite so workspaces survive a broker restart.
+package sessions
+
+import (
+	"context"
+	"crypto/rand"
+	"database/sql"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net/url"
+	"os"
+	"path/filepath"
+	"regexp"
+	"sync"
+	"time"
+
+	"github.com/rs/zerolog"
+	_ "modernc.org/sqlite" // database/sql driver "sqlite"
+
+	"github.com/sandbox-broker/sandbox-broker/services/brokererr"
+	"github.com/sandbox-broker/sandbox-broker/services/sandbox"
+)
+
+// IDPattern is what a client-chosen session ID must match.
+var IDPattern = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
+
+// workspaceIDPattern is the shape of internal workspace IDs.
+var workspaceIDPattern = regexp.MustCompile(`^[0-9a-f]{32}$`)
+
+// Options configure a Manager.
+type Options struct {
+	DBPath      string // state.db
+	Root        string // SANDBOX_ROOT; workspaces live in <Root>/workspaces/<workspace_id>
+	Backend     sandbox.Backend
+	IdleTimeout time.Duration // idle sessions lose their containers (files stay); default 30 min
+	MaxAge      time.Duration // sessions older than this are deleted with their files; default 24 h
+	// OnCreate runs before a new session is created (the sandboxes/hour quota).
+	OnCreate func(ctx context.Context, principal string) error
+	Now      func() time.Time
+	Log      zerolog.Logger
+}
+
+// Manager owns every session.
+type Manager struct {
+	o    Options
+	db   *sql.DB
+	mu   sync.Mutex
+	live map[string]*live // by workspace ID
+}
+
+type live struct {
+	mu      sync.Mutex // serialises calls within one session
+	sess    sandbox.Session
+	lastUse time.Time
+}
+
+// Lease is exclusive use of one session until Release.
+type Lease struct {
+	ID          string
+	WorkspaceID string
+	Created     bool
+	Session     sandbox.Session
+	m           *Manager
+	l           *live
+}
+
+// Release ends the lease and marks the session used.
+func (l *Lease) Release() {
+	l.m.touch(l.WorkspaceID)
+	l.l.mu.Unlock()
+}
+
+// Open opens the session table.
+func Open(ctx context.Context, o Options) (*Manager, error) {
+	if o.IdleTimeout <= 0 {
+		o.IdleTimeout = 30 * time.Minute
+	}
+	if o.MaxAge <= 0 {
+		o.MaxAge = 24 * time.Hour
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	q := url.Values{}
+	q.Add("_pragma", "busy_timeout(5000)")
+	q.Add("_pragma", "journal_mode(WAL)")
+	q.Add("_pragma", "synchronous(NORMAL)")
+	db, err := sql.Open("sqlite", "file:"+o.DBPath+"?"+q.Encode())
+	if err != nil {
+		return nil, err
+	}
+	db.SetMaxOpenConns(1)
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if _, err := db.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS sessions(
+		principal TEXT NOT NULL,
+		session_id TEXT NOT NULL,
+		workspace_id TEXT NOT NULL UNIQUE,
+		created_at INTEGER NOT NULL,
+		last_used_at INTEGER NOT NULL,
+		PRIMARY KEY (principal, session_id))`); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("sessions table: %w", err)
+	}
+	_ = os.Chmod(o.DBPath, 0o600)
+	if err := os.MkdirAll(filepath.Join(o.Root, "workspaces"), 0o711); err != nil {
+		db.Close()
+		return nil, err
+	}
+	return &Manager{o: o, db: db, live: map[string]*live{}}, nil
+}
+
+// Close releases every live session's compute and closes the table.
+func (m *Manager) Close(ctx context.Context) error {
+	m.mu.Lock()
+	all := m.live
+	m.live = map[string]*live{}
+	m.mu.Unlock()
+	for _, l := range all {
+		l.mu.Lock()
+		_ = l.sess.Release(ctx)
+		l.mu.Unlock()
+	}
+	return m.db.Close()
+}
+
+// Ping checks the table.
+func (m *Manager) Ping(ctx context.Context) error { return m.db.PingContext(ctx) }
+
+// WorkspaceDir is where a workspace lives on the host.
+func (m *Manager) WorkspaceDir(workspaceID string) string {
+	return filepath.Join(m.o.Root, "workspaces", workspaceID)
+}
+
+// NewID returns a generated session ID, sess_<12 hex>.
+func NewID() string {
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	return "sess_" + hex.EncodeToString(b[:])
+}
+
+func newWorkspaceID() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// Acquire returns the caller's session, creating it when create is true and
+// it does not exist (an empty id generates one). Another principal's session
+// is indistinguishable from a missing one.
+func (m *Manager) Acquire(ctx context.Context, principal, id string, create bool) (*Lease, error) {
+	if id == "" {
+		if !create {
+			return nil, brokererr.New(brokererr.InvalidInput, "session_id is required")
+		}
+		id = NewID()
+	}
+	if !IDPattern.MatchString(id) {
+		return nil, brokererr.New(brokererr.InvalidInput, "session_id must match %s", IDPattern)
+	}
+	wid, err := m.lookup(ctx, principal, id)
+	created := false
+	switch {
+	case errors.Is(err, sql.ErrNoRows) && create:
+		if m.o.OnCreate != nil {
+			if err := m.o.OnCreate(ctx, principal); err != nil {
+				return nil, err
+			}
+		}
+		if wid, err = m.insert(ctx, principal, id); err != nil {
+			return nil, err
+		}
+		created = true
+	case errors.Is(err, sql.ErrNoRows):
+		return nil, notFound(id)
+	case err != nil:
+		return nil, brokererr.Wrap(err, brokererr.Unavailable, "session store unavailable")
+	}
+	l, err := m.attach(ctx, principal, wid)
+	if err != nil {
+		return nil, err
+	}
+	l.mu.Lock()
+	if ctx.Err() != nil {
+		l.mu.Unlock()
+		return nil, ctx.Err()
+	}
+	return &Lease{ID: id, WorkspaceID: wid, Created: created, Session: l.sess, m: m, l: l}, nil
+}
+
+func notFound(id string) error {
+	return brokererr.New(brokererr.SandboxNotFound, "no session %q", id)
+}
+
+func (m *Manager) lookup(ctx context.Context, principal, id string) (string, error) {
+	var wid string
+	err := m.db.QueryRowContext(ctx, `SELECT workspace_id FROM sessions WHERE principal = ? AND session_id = ?`, principal, id).Scan(&wid)
+	return wid, err
+}
+
+func (m *Manager) insert(ctx context.Context, principal, id string) (string, error) {
+	wid := newWorkspaceID()
+	now := m.o.Now().Unix()
+	_, err := m.db.ExecContext(ctx, `INSERT INTO sessions(principal, session_id, workspace_id, created_at, last_used_at) VALUES(?,?,?,?,?)`,
+		principal, id, wid, now, now)
+	if err != nil {
+		// A concurrent create of the same ID won; use its row.
+		if existing, lerr := m.lookup(ctx, principal, id); lerr == nil {
+			return existing, nil
+		}
+		return "", brokererr.Wrap(err, brokererr.Unavailable, "session store unavailable")
+	}
+	return wid, nil
+}
+
+// attach returns the live session for wid, opening it on the backend.
+func (m *Manager) attach(ctx context.Context, principal, wid string) (*live, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if l, ok := m.live[wid]; ok {
+		return l, nil
+	}
+	if !workspaceIDPattern.MatchString(wid) {
+		return nil, fmt.Errorf("corrupt workspace id in session table")
+	}
+	sess, err := m.o.Backend.Open(ctx, sandbox.SessionRef{WorkspaceID: wid, Dir: m.WorkspaceDir(wid), Principal: principal})
+	if err != nil {
+		return nil, err
+	}
+	l := &live{sess: sess, lastUse: m.o.Now()}
+	m.live[wid] = l
+	return l, nil
+}
+
+func (m *Manager) touch(wid string) {
+	now := m.o.Now()
+	m.mu.Lock()
+	if l, ok := m.live[wid]; ok {
+		l.lastUse = now
+	}
+	m.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if _, err := m.db.ExecContext(ctx, `UPDATE sessions SET last_used_at = ? WHERE workspace_id = ?`, now.Unix(), wid); err != nil {
+		m.o.Log.Warn().Str("workspace_id", wid).Msg("session_touch_failed")
+	}
+}
+
+// Remove destroys the caller's session: containers and files.
+func (m *Manager) Remove(ctx context.Context, principal, id string) error {
+	if !IDPattern.MatchString(id) {
+		return brokererr.New(brokererr.InvalidInput, "session_id must match %s", IDPattern)
+	}
+	wid, err := m.lookup(ctx, principal, id)
+	if errors.Is(err, sql.ErrNoRows) {
+		return notFound(id)
+	}
+	if err != nil {
+		return brokererr.Wrap(err, brokererr.Unavailable, "session store unavailable")
+	}
+	return m.destroy(ctx, principal, wid)
+}
+
+func (m *Manager) destroy(ctx context.Context, principal, wid string) error {
+	l, err := m.attach(ctx, principal, wid)
+	if err != nil {
+		return err
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if err := l.sess.Destroy(ctx); err != nil {
+		return err
+	}
+	m.mu.Lock()
+	delete(m.live, wid)
+	m.mu.Unlock()
+	if _, err := m.db.ExecContext(ctx, `DELETE FROM sessions WHERE workspace_id = ?`, wid); err != nil {
+		return brokererr.Wrap(err, brokererr.Unavailable, "session store unavailable")
+	}
+	m.o.Log.Info().Str("workspace_id", wid).Msg("session_destroyed")
+	return nil
+}
+
+// Reap releases the compute of idle sessions and deletes expired ones.
+func (m *Manager) Reap(ctx context.Context) {
+	now := m.o.Now()
+	m.mu.Lock()
+	var idle []string
+	for wid, l := range m.live {
+		if now.Sub(l.lastUse) >= m.o.IdleTimeout {
+			idle = append(idle, wid)
+		}
+	}
+	m.mu.Unlock()
+	for _, wid := range idle {
+		m.releaseIdle(ctx, wid, now)
+	}
+	rows, err := m.db.QueryContext(ctx, `SELECT principal, workspace_id FROM sessions WHERE created_at <= ?`, now.Add(-m.o.MaxAge).Unix())
+	if err != nil {
+		m.o.Log.Warn().Msg("session_reap_query_failed")
+		return
+	}
+	type expired struct{ principal, wid string }
+	var old []expired
+	for rows.Next() {
+		var e expired
+		if rows.Scan(&e.principal, &e.wid) == nil {
+			old = append(old, e)
+		}
+	}
+	rows.Close()
+	for _, e := range old {
+		if err := m.destroy(ctx, e.principal, e.wid); err != nil {
+			m.o.Log.Warn().Str("workspace_id", e.wid).Msg("session_expire_failed")
+		}
+	}
+}
+
+func (m *Manager) releaseIdle(ctx context.Context, wid string, now time.Time) {
+	m.mu.Lock()
+	l, ok := m.live[wid]
+	m.mu.Unlock()
+	if !ok || !l.mu.TryLock() {
+		return // in use: not idle after all
+	}
+	defer l.mu.Unlock()
+	if now.Sub(l.lastUse) < m.o.IdleTimeout {
+		return
+	}
+	if err := l.sess.Release(ctx); err != nil {
+		m.o.Log.Warn().Str("workspace_id", wid).Msg("session_release_failed")
+		return
+	}
+	m.mu.Lock()
+	delete(m.live, wid)
+	m.mu.Unlock()
+	m.o.Log.Info().Str("workspace_id", wid).Msg("session_idle_released")
+}
+
+// RunReaper reaps every interval until ctx ends.
+func (m *Manager) RunReaper(ctx context.Context, every time.Duration) {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			m.Reap(ctx)
+		}
+	}
+}

@@ -1,0 +1,302 @@
+package tools
+
+import (
+	"context"
+	"encoding/base64"
+	"fmt"
+	"path"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/mark3labs/mcp-go/mcp"
+
+	"github.com/sandbox-broker/sandbox-broker/services/brokererr"
+	"github.com/sandbox-broker/sandbox-broker/services/identity"
+	"github.com/sandbox-broker/sandbox-broker/services/quota"
+	"github.com/sandbox-broker/sandbox-broker/services/sandbox"
+	"github.com/sandbox-broker/sandbox-broker/services/sessions"
+	"github.com/sandbox-broker/sandbox-broker/services/workspace"
+)
+
+// Engine is what the sandbox and file tools need, injected by the broker.
+// A nil Sessions means no backend is available.
+type Engine struct {
+	Sessions       *sessions.Manager
+	Backend        sandbox.Backend
+	URLs           URLSigner
+	Exec           ExecutionBudget
+	Limits         func(identity.Principal) quota.Limits
+	DefaultTimeout time.Duration
+	MaxTimeout     time.Duration
+}
+
+// URLSigner makes signed download links for workspace files.
+type URLSigner interface {
+	URL(workspaceID, path string) (string, time.Time, error)
+}
+
+// ExecutionBudget is the per-day execution quota.
+type ExecutionBudget interface {
+	CheckExecution(ctx context.Context, principal string, l quota.Limits) (quota.Decision, error)
+	AddExecution(ctx context.Context, principal string, d time.Duration) error
+}
+
+// Output and inline-content caps for one result.
+const (
+	maxStreamBytes   = 32 << 10
+	maxAgentBytes    = 64 << 10
+	maxInlineImage   = 1 << 20
+	maxInlineImages  = 4
+	maxFilesReported = 50
+	maxUploadBytes   = 10 << 20
+	maxReadBytes     = 1 << 20
+	defaultReadBytes = 256 << 10
+)
+
+func (e *Engine) ready() error {
+	if e == nil || e.Sessions == nil {
+		return brokererr.New(brokererr.Unavailable, "no sandbox backend is available on this broker")
+	}
+	return nil
+}
+
+// sessionID resolves session_id and its alias conversationId (the spec's name).
+func sessionID(id, conversationID string) (string, error) {
+	if id != "" && conversationID != "" && id != conversationID {
+		return "", brokererr.New(brokererr.InvalidInput, "session_id and conversationId differ; send one")
+	}
+	if id != "" {
+		return id, nil
+	}
+	return conversationID, nil
+}
+
+// RunCodeArgs are run_code's arguments.
+type RunCodeArgs struct {
+	SessionID      string `json:"session_id,omitempty" validate:"omitempty,session_id" audit:"clear" desc:"Session to use; omit to start a new one. Reuse it to keep files and state."`
+	ConversationID string `json:"conversationId,omitempty" validate:"omitempty,session_id" audit:"clear" desc:"Alias of session_id."`
+	Language string `json:"language" validate:"required,max=32,clean" audit:"clear" desc:"Runner language; list_runners shows what is available (python, typescript, bash)."`
+	Code     string `json:"code" validate:"required,max=262144,clean" desc:"Source code to run. The working directory is /mnt/data (also /data), which persists for the session."`
+	TimeoutS int    `json:"timeout_s,omitempty" validate:"omitempty,min=1,max=600" desc:"Wall-clock limit in seconds (default 60)."`
+}
+
+// FileRef is a file in a result.
+type FileRef struct {
+	Name string `json:"name"`
+	Size int64  `json:"size"`
+	MIME string `json:"mime"`
+	URL  string `json:"url"`
+}
+
+// RunCodeResult is run_code's structured output.
+type RunCodeResult struct {
+	SessionID  string    `json:"session_id"`
+	Success    bool      `json:"success"`
+	ExitCode   int       `json:"exit_code"`
+	Signal     string    `json:"signal,omitempty"`
+	Stdout     string    `json:"stdout"`
+	Stderr     string    `json:"stderr"`
+	Output     string    `json:"output"`
+	DurationMS int64     `json:"duration_ms"`
+	TimedOut   bool      `json:"timed_out"`
+	OOMKilled  bool      `json:"oom_killed"`
+	Truncated  bool      `json:"truncated"`
+	Files      []FileRef `json:"files"`
+}
+
+// RunCode runs code in the caller's session sandbox.
+func RunCode(e *Engine) ServerTool {
+	return newTool("run_code",
+		"Run Python, TypeScript or Bash code in your session's sandbox (no network). Files written under /mnt/data persist for the session; new or changed files come back as signed download links, images also inline.",
+		512<<10, writeAnnotations("Run code", false, false),
+		func(ctx context.Context, p identity.Principal, a *RunCodeArgs) (*mcp.CallToolResult, error) {
+			if err := e.ready(); err != nil {
+				return nil, err
+			}
+			id, err := sessionID(a.SessionID, a.ConversationID)
+			if err != nil {
+				return nil, err
+			}
+			if err := e.checkLanguage(ctx, a.Language); err != nil {
+				return nil, err
+			}
+			timeout := e.DefaultTimeout
+			if a.TimeoutS > 0 {
+				timeout = time.Duration(a.TimeoutS) * time.Second
+			}
+			if e.MaxTimeout > 0 && timeout > e.MaxTimeout {
+				return nil, brokererr.New(brokererr.InvalidInput, "timeout_s may be at most %d", int(e.MaxTimeout/time.Second))
+			}
+			dec, err := e.Exec.CheckExecution(ctx, p.ID, e.Limits(p))
+			if err != nil {
+				return nil, brokererr.Wrap(err, brokererr.Unavailable, "quota store unavailable")
+			}
+			if !dec.Allowed {
+				return nil, brokererr.New(brokererr.QuotaExceeded, "daily execution time is used up").WithRetryAfter(dec.RetryAfter)
+			}
+			lease, err := e.Sessions.Acquire(ctx, p.ID, id, true)
+			if err != nil {
+				return nil, err
+			}
+			defer lease.Release()
+			before, err := lease.Session.ListFiles(ctx, "")
+			if err != nil {
+				return nil, err
+			}
+			res, err := lease.Session.Exec(ctx, sandbox.ExecRequest{Language: a.Language, Code: a.Code, Timeout: timeout, MaxOutputBytes: maxAgentBytes})
+			if res.Duration > 0 {
+				// Spent time counts even when the run failed.
+				actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+				_ = e.Exec.AddExecution(actx, p.ID, res.Duration)
+				cancel()
+			}
+			if err != nil {
+				return nil, err
+			}
+			after, err := lease.Session.ListFiles(ctx, "")
+			if err != nil {
+				return nil, err
+			}
+			out := RunCodeResult{SessionID: lease.ID, ExitCode: res.ExitCode, Signal: res.Signal, TimedOut: res.TimedOut,
+				OOMKilled: res.OOMKilled, DurationMS: res.Duration.Milliseconds(), Truncated: res.Truncated}
+			var t1, t2 bool
+			out.Stdout, t1 = cleanOutput(res.Stdout, maxStreamBytes)
+			out.Stderr, t2 = cleanOutput(res.Stderr, maxStreamBytes)
+			out.Truncated = out.Truncated || t1 || t2
+			out.Output = joinOutput(out.Stdout, out.Stderr)
+			out.Success = res.ExitCode == 0 && !res.TimedOut && !res.OOMKilled && res.Signal == ""
+			changed := changedFiles(before, after)
+			result, err := e.filesResult(ctx, lease, changed, &out.Files)
+			if err != nil {
+				return nil, err
+			}
+			return prependJSON(result, out)
+		})
+}
+
+func joinOutput(stdout, stderr string) string {
+	switch {
+	case stderr == "":
+		return stdout
+	case stdout == "":
+		return stderr
+	case strings.HasSuffix(stdout, "\n"):
+		return stdout + stderr
+	}
+	return stdout + "\n" + stderr
+}
+
+func (e *Engine) checkLanguage(ctx context.Context, lang string) error {
+	runners, err := e.Backend.Runners(ctx)
+	if err != nil {
+		return err
+	}
+	var names []string
+	for _, r := range runners {
+		if r.Language == lang {
+			return nil
+		}
+		names = append(names, r.Language)
+	}
+	sort.Strings(names)
+	return brokererr.New(brokererr.UnknownLanguage, "unknown language %q; available: %s", lang, strings.Join(names, ", "))
+}
+
+// changedFiles lists paths that are new or whose size or mtime changed.
+func changedFiles(before, after []sandbox.FileInfo) []sandbox.FileInfo {
+	old := make(map[string]sandbox.FileInfo, len(before))
+	for _, f := range before {
+		old[f.Path] = f
+	}
+	var out []sandbox.FileInfo
+	for _, f := range after {
+		if o, ok := old[f.Path]; !ok || o.Size != f.Size || !o.ModTime.Equal(f.ModTime) {
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
+// filesResult adds a signed link for each file (capped) and inline images.
+func (e *Engine) filesResult(ctx context.Context, lease *sessions.Lease, list []sandbox.FileInfo, refs *[]FileRef) (*mcp.CallToolResult, error) {
+	res := &mcp.CallToolResult{}
+	*refs = []FileRef{}
+	images := 0
+	for i, f := range list {
+		if i >= maxFilesReported {
+			break
+		}
+		mime := workspace.DetectMIME(f.Path, nil)
+		u, _, err := e.URLs.URL(lease.WorkspaceID, f.Path)
+		if err != nil {
+			continue // a name the signer refuses is not offered
+		}
+		*refs = append(*refs, FileRef{Name: f.Path, Size: f.Size, MIME: mime, URL: u})
+		if isImage(mime) && f.Size <= maxInlineImage && images < maxInlineImages {
+			if file, err := lease.Session.ReadFile(ctx, f.Path, 0, maxInlineImage); err == nil {
+				res.Content = append(res.Content, mcp.NewImageContent(base64.StdEncoding.EncodeToString(file.Data), mime))
+				images++
+			}
+		}
+		res.Content = append(res.Content, mcp.NewResourceLink(u, path.Base(f.Path), fmt.Sprintf("%s (%d bytes)", f.Path, f.Size), mime))
+	}
+	return res, nil
+}
+
+func isImage(mime string) bool {
+	switch mime {
+	case "image/png", "image/jpeg", "image/gif", "image/webp", "image/svg+xml":
+		return true
+	}
+	return false
+}
+
+// prependJSON puts v first, as text and structured content.
+func prependJSON(res *mcp.CallToolResult, v any) (*mcp.CallToolResult, error) {
+	head, err := jsonResult(v)
+	if err != nil {
+		return nil, err
+	}
+	head.Content = append(head.Content, res.Content...)
+	return head, nil
+}
+
+// ListRunnersArgs takes no arguments.
+type ListRunnersArgs struct{}
+
+// ListRunners reports the languages the backend can run.
+func ListRunners(e *Engine) ServerTool {
+	return newTool("list_runners", "List the languages run_code accepts, with the runner image behind each.",
+		0, readAnnotations("List runners"),
+		func(ctx context.Context, _ identity.Principal, _ *ListRunnersArgs) (*mcp.CallToolResult, error) {
+			if err := e.ready(); err != nil {
+				return nil, err
+			}
+			runners, err := e.Backend.Runners(ctx)
+			if err != nil {
+				return nil, err
+			}
+			return jsonResult(map[string]any{"backend": e.Backend.Name(), "runners": runners})
+		})
+}
+
+// CloseSessionArgs are close_session's arguments.
+type CloseSessionArgs struct {
+	SessionID string `json:"session_id" validate:"required,session_id" audit:"clear" desc:"Session to close; its sandbox and files are deleted."`
+}
+
+// CloseSession destroys a session's sandbox and files.
+func CloseSession(e *Engine) ServerTool {
+	return newTool("close_session", "Close a session: its sandbox stops and its files are deleted.",
+		0, writeAnnotations("Close session", true, true),
+		func(ctx context.Context, p identity.Principal, a *CloseSessionArgs) (*mcp.CallToolResult, error) {
+			if err := e.ready(); err != nil {
+				return nil, err
+			}
+			if err := e.Sessions.Remove(ctx, p.ID, a.SessionID); err != nil {
+				return nil, err
+			}
+			return jsonResult(map[string]any{"session_id": a.SessionID, "closed": true})
+		})
+}
