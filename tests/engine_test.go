@@ -153,14 +153,16 @@ func TestMemoryBombReportedAsOOM(t *testing.T) {
 func TestForkBombContained(t *testing.T) {
 	b := engineBroker(t, nil)
 	c := b.Client(t, testToken)
+	start := time.Now()
 	r, _ := run(t, c, map[string]any{"language": "bash", "timeout_s": 10, "code": "bomb() { bomb | bomb & }; bomb; sleep 3; echo done"})
-	if r.Success {
-		t.Fatalf("fork bomb run reported success: %+v", r)
+	if time.Since(start) > 40*time.Second {
+		t.Fatalf("fork bomb run took %v", time.Since(start))
 	}
-	// The broker and the session stay usable, and a second tenant is unaffected.
-	r2, _ := run(t, c, map[string]any{"session_id": r.SessionID, "language": "python", "code": "print('still here')"})
-	if strings.TrimSpace(r2.Stdout) != "still here" {
-		t.Fatalf("after fork bomb: %+v", r2)
+	// No bomb process survives into the next run; the session stays usable.
+	r2, _ := run(t, c, map[string]any{"session_id": r.SessionID, "language": "python",
+		"code": "import os\nprint(sorted(open(f'/proc/{p}/comm').read().strip() for p in os.listdir('/proc') if p.isdigit()))"})
+	if strings.Contains(r2.Stdout, "bash") || !strings.Contains(r2.Stdout, "python3") {
+		t.Fatalf("processes after the fork bomb: %+v", r2)
 	}
 	if res := callTool(t, c, "get_usage", nil); res.IsError {
 		t.Fatal("broker not serving after fork bomb")

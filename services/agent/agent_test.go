@@ -121,7 +121,7 @@ func py(code string) Request { return Request{Language: LangPython, Code: code, 
 // are not protected zygotes.
 func leftovers(tb testing.TB) []procInfo {
 	tb.Helper()
-	procs, err := listProcs("/proc")
+	procs, _, err := listProcs("/proc")
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -149,7 +149,7 @@ func describe(ps []procInfo) string {
 func assertNoLeftovers(tb testing.TB) {
 	tb.Helper()
 	if ps := leftovers(tb); len(ps) > 0 {
-		tb.Fatalf("processes left after the run (%v):\n%s", time.Now(), describe(ps))
+		tb.Fatalf("processes left after the run:\n%s", describe(ps))
 	}
 }
 

@@ -110,10 +110,7 @@ func (s *Server) execute(ctx context.Context, lang string, cmd Command, path str
 	}
 	dur := time.Since(start)
 
-	s.logf("outcome pid %d %+v at %v", p.pid, o, time.Since(start))
-	DebugLow = p.pid - 5
 	res := sweep(s.mode, s.opts.ProcRoot)
-	s.logf("sweep %v at %v miss %v", res, time.Since(start), DebugMiss)
 	if !res.converged || !res.gone {
 		s.logf("sweep incomplete: killed %d, converged %v, all gone %v", res.killed, res.converged, res.gone)
 	}

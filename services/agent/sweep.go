@@ -125,16 +125,17 @@ type procKey struct {
 }
 
 // listProcs reads pid, ppid, state and start time of every process visible
-// in procRoot.
-func listProcs(procRoot string) ([]procInfo, error) {
+// in procRoot; misses counts listed processes whose stat could not be read
+// (they exited in between).
+func listProcs(procRoot string) (procs []procInfo, misses int, err error) {
 	d, err := os.Open(procRoot)
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	defer d.Close()
 	names, err := d.Readdirnames(-1)
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	out := make([]procInfo, 0, len(names))
 	for _, n := range names {
@@ -144,22 +145,18 @@ func listProcs(procRoot string) ([]procInfo, error) {
 		}
 		b, err := os.ReadFile(procRoot + "/" + n + "/stat")
 		if err != nil {
-			if pid > DebugLow && pid < DebugLow+30 {
-				DebugMiss = append(DebugMiss, fmt.Sprintf("%d:%v", pid, err))
-			}
-			continue // gone
+			misses++ // gone
+			continue
 		}
 		p, ok := parseStat(b)
 		if !ok {
-			if pid > DebugLow && pid < DebugLow+30 {
-				DebugMiss = append(DebugMiss, fmt.Sprintf("%d:parse %q", pid, b))
-			}
+			misses++
 			continue
 		}
 		p.pid = pid
 		out = append(out, p)
 	}
-	return out, nil
+	return out, misses, nil
 }
 
 // parseStat parses "pid (comm) S ppid ... starttime ..."; comm may contain
@@ -238,48 +235,52 @@ const (
 	sweepExitWait = 2 * time.Second
 )
 
-var DebugLow int
-var DebugMiss []string
-
 // sweepResult summarises one sweep.
 type sweepResult struct {
 	killed    int  // processes SIGKILLed
 	converged bool // a round found nothing new to kill
 	gone      bool // every killed process has exited
-	debug     []string
 }
 
 // sweep SIGKILLs every target process except the protected ones, round after
-// round, until a round finds nothing new to kill, then waits (bounded) until
-// the killed processes have exited. Zombies that are the agent's own
-// unmanaged children (orphans re-parented to the subreaper) are reaped.
+// round, until a round is quiet, then waits (bounded) until the killed
+// processes have exited. Zombies that are the agent's own unmanaged
+// children (orphans re-parented to the subreaper) are reaped.
+//
+// A snapshot of /proc is not atomic: the pid list is read first and each
+// stat file later, so a process can fork and exit in between, its child
+// missing from the list and itself looking like a harmless zombie. A round
+// is therefore quiet only if it killed nothing, saw no target it had not
+// seen in the previous round (zombies included), could read every listed
+// process and found no process whose parent was missing. Any process that
+// could still fork after such a round would have been alive, and so killed,
+// in it.
 func sweep(mode SweepMode, procRoot string) sweepResult {
 	self := os.Getpid()
 	signalled := map[procKey]bool{}
 	var res sweepResult
-	// pass scans once; with kill it signals new targets, otherwise it counts
-	// signalled processes that are still alive. Zombies of ours are reaped.
-	round := 0
-	pass := func(kill bool) (n int, dangling bool, err error) {
-		procs, err := listProcs(procRoot)
+	prev := map[procKey]bool{}
+	// pass scans once. With kill it signals new targets and reports
+	// whether the round was quiet; without, it counts signalled processes
+	// that are still alive. Zombies of ours are reaped.
+	pass := func(kill bool) (n int, quiet bool, err error) {
+		procs, misses, err := listProcs(procRoot)
 		if err != nil {
 			return 0, false, err
 		}
 		spawnMu.Lock()
 		defer spawnMu.Unlock()
 		targets, dangling := sweepTargets(mode, procs, self)
-		if kill {
-			var all []string
-			for _, p := range procs {
-				if p.pid > DebugLow && p.pid < DebugLow+30 {
-					all = append(all, fmt.Sprintf("%d(pp%d,%c)", p.pid, p.ppid, p.state))
-				}
-			}
-			res.debug = append(res.debug, fmt.Sprintf("snap%d:%v dangling=%v ntargets=%d", round, all, dangling, len(targets)))
-		}
+		quiet = misses == 0 && !dangling
+		seen := make(map[procKey]bool, len(targets))
 		for _, p := range targets {
 			if protected[p.pid] {
 				continue
+			}
+			k := procKey{p.pid, p.start}
+			seen[k] = true
+			if !prev[k] {
+				quiet = false
 			}
 			if p.state == 'Z' || p.state == 'X' {
 				if p.ppid == self && !managed[p.pid] {
@@ -288,7 +289,6 @@ func sweep(mode SweepMode, procRoot string) sweepResult {
 				}
 				continue
 			}
-			k := procKey{p.pid, p.start}
 			if !kill {
 				if signalled[k] {
 					n++
@@ -298,26 +298,26 @@ func sweep(mode SweepMode, procRoot string) sweepResult {
 			if signalled[k] {
 				continue
 			}
-			if e := syscall.Kill(p.pid, syscall.SIGKILL); e == nil {
-				res.debug = append(res.debug, fmt.Sprintf("r%d:%d(pp%d,%c)", round, p.pid, p.ppid, p.state))
+			if syscall.Kill(p.pid, syscall.SIGKILL) == nil {
 				signalled[k] = true
 				n++
 			}
 		}
-		return n, dangling, nil
+		prev = seen
+		return n, quiet && n == 0, nil
 	}
-	for round = 0; round < maxSweepRounds; round++ {
-		n, dangling, err := pass(true)
+	for round := 0; round < maxSweepRounds; round++ {
+		n, quiet, err := pass(true)
 		if err != nil {
 			return res
 		}
 		res.killed += n
-		if n == 0 && !dangling {
+		if quiet {
 			res.converged = true
 			break
 		}
 		if n == 0 {
-			time.Sleep(100 * time.Microsecond) // let re-parenting finish
+			time.Sleep(100 * time.Microsecond) // let exits and re-parenting settle
 		}
 	}
 	if res.killed == 0 {

@@ -498,6 +498,10 @@ func (e *Engine) dataIsLink(ctx context.Context, r runnerImage) bool {
 	if ok {
 		return v
 	}
+	// Not cancellable: a create cancelled mid-flight can still leave the
+	// container behind with no ID to remove it by.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), removeTimeout)
+	defer cancel()
 	resp, err := e.cli.ContainerCreate(ctx, &container.Config{
 		Image: r.ID, Entrypoint: []string{}, Cmd: []string{"/nonexistent"}, NetworkDisabled: true,
 		Labels: map[string]string{LabelBroker: "1", LabelInstance: e.o.InstanceID, LabelRoot: e.o.Root, LabelWorkspace: "probe"},
@@ -505,11 +509,7 @@ func (e *Engine) dataIsLink(ctx context.Context, r runnerImage) bool {
 	if err != nil {
 		return false
 	}
-	defer func() {
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), removeTimeout)
-		_ = e.cli.ContainerRemove(rctx, resp.ID, container.RemoveOptions{Force: true})
-		cancel()
-	}()
+	defer func() { _ = e.cli.ContainerRemove(ctx, resp.ID, container.RemoveOptions{Force: true}) }()
 	st, err := e.cli.ContainerStatPath(ctx, resp.ID, DataAlias)
 	v = err == nil && st.Mode&os.ModeSymlink != 0 && strings.TrimSuffix(st.LinkTarget, "/") == WorkspacePath
 	e.mu.Lock()
@@ -527,7 +527,17 @@ func (e *Engine) startContainer(ctx context.Context, r runnerImage, workspaceDir
 		return nil, fmt.Errorf("docker: run dir: %w", err)
 	}
 	cfg, hc := e.specFor(r, c.id, workspaceDir, c.runDir, workspaceLabel, e.dataIsLink(ctx, r))
-	resp, err := e.cli.ContainerCreate(ctx, cfg, hc, nil, nil, "sandbox-"+c.id)
+	// The create itself is not cancellable (a cancelled create can leave a
+	// container the daemon made but whose ID we never learn); ctx is
+	// checked right after it.
+	cctx, ccancel := context.WithTimeout(context.WithoutCancel(ctx), removeTimeout)
+	resp, err := e.cli.ContainerCreate(cctx, cfg, hc, nil, nil, "sandbox-"+c.id)
+	ccancel()
+	if err == nil && ctx.Err() != nil {
+		c.dockerID = resp.ID
+		_ = e.removeContainer(ctx, c)
+		return nil, ctx.Err()
+	}
 	if err != nil {
 		_ = os.RemoveAll(c.runDir)
 		return nil, brokererr.Wrap(err, brokererr.Unavailable, "cannot create a %s sandbox", r.Language)
