@@ -56,6 +56,8 @@ type Config struct {
 	MemoryMB       int64  `env:"SANDBOX_MEMORY_MB" validate:"min=64,max=65536"`
 	CPUs           int    `env:"SANDBOX_CPUS_MILLI" validate:"min=100,max=64000"`
 	PidsLimit      int64  `env:"SANDBOX_PIDS_LIMIT" validate:"min=16,max=65536"`
+	MaxFiles       int    `env:"SANDBOX_MAX_FILES" validate:"min=1,max=1000000"`
+	MaxWorkspaceMB int64  `env:"SANDBOX_MAX_WORKSPACE_MB" validate:"min=1,max=1048576"`
 	FileURLTTLS    int64  `env:"FILE_URL_TTL_S" validate:"min=60,max=86400"`
 	FileSecretPrev Secret `env:"FILE_SECRET_PREVIOUS" validate:"omitempty,min=32,max=512"`
 }
@@ -80,6 +82,8 @@ func Defaults() Config {
 		MemoryMB:        512,
 		CPUs:            1000,
 		PidsLimit:       256,
+		MaxFiles:        1000,
+		MaxWorkspaceMB:  512,
 		FileURLTTLS:     3600,
 	}
 }

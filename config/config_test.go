@@ -70,7 +70,7 @@ func TestEnvParsing(t *testing.T) {
 		AllowedHosts: []string{"broker.example.com", "10.0.0.1"}, AllowedOrigins: []string{"https://a.example.com", "http://localhost:3000"},
 		Toolsets: []string{"files", "sandbox"}, ReadOnly: true, MaxRequestBytes: 4096,
 		Backend: "none", TimeoutS: 30, MaxTimeoutS: 600, IdleTimeoutMS: 60000, MaxAgeS: 86400, PoolSize: 0,
-		MemoryMB: 512, CPUs: 1000, PidsLimit: 256, FileURLTTLS: 3600, FileSecretPrev: fileSecret + "-old",
+		MemoryMB: 512, CPUs: 1000, PidsLimit: 256, MaxFiles: 1000, MaxWorkspaceMB: 512, FileURLTTLS: 3600, FileSecretPrev: fileSecret + "-old",
 	}
 	if !reflect.DeepEqual(c, want) {
 		t.Errorf("got  %#v\nwant %#v", c, want)

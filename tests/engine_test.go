@@ -21,7 +21,7 @@ import (
 
 // requireDocker fails in CI and skips elsewhere when the daemon or the
 // runner images are missing: CI must never report a skipped engine as a pass.
-func requireDocker(t *testing.T) {
+func requireDocker(t testing.TB) {
 	t.Helper()
 	miss := func(what string) {
 		if os.Getenv("CI") == "true" {
@@ -474,3 +474,29 @@ func TestRestartKeepsWorkspaceAndSweepsOrphans(t *testing.T) {
 	}
 }
 
+
+func TestWorkspaceQuotaEnforced(t *testing.T) {
+	b := engineBroker(t, map[string]string{"SANDBOX_MAX_WORKSPACE_MB": "5", "SANDBOX_MAX_FILES": "50"})
+	c := b.Client(t, testToken)
+	r, _ := run(t, c, map[string]any{"language": "python", "code": "open('keep.txt','w').write('ok')"})
+	cases := map[string]string{
+		"bytes after the run": "for i in range(8): open(f'big{i}.bin','wb').write(b'x' * (1 << 20))",
+		"files after the run": "import os\nos.makedirs('many', exist_ok=True)\nfor i in range(200): open(f'many/{i}','w').close()",
+		"watcher mid-run":     "import time\ni = 0\nwhile True:\n    open(f'fill{i}.bin','wb').write(b'y' * (1 << 20)); i += 1; time.sleep(0.05)",
+	}
+	for name, code := range cases {
+		res := callTool(t, c, "run_code", map[string]any{"session_id": r.SessionID, "language": "python", "code": code, "timeout_s": 30})
+		mustToolError(t, res, "QUOTA_EXCEEDED")
+		var list struct {
+			Files []struct{ Name string } `json:"files"`
+		}
+		resultJSON(t, callTool(t, c, "list_artifacts", map[string]any{"session_id": r.SessionID}), &list)
+		if len(list.Files) != 1 || list.Files[0].Name != "keep.txt" {
+			t.Fatalf("%s: files left after the quota stop: %+v", name, list.Files)
+		}
+	}
+	r2, _ := run(t, c, map[string]any{"session_id": r.SessionID, "language": "python", "code": "print(open('keep.txt').read())"})
+	if strings.TrimSpace(r2.Stdout) != "ok" {
+		t.Fatalf("session unusable after quota stops: %+v", r2)
+	}
+}

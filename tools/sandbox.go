@@ -76,9 +76,9 @@ func sessionID(id, conversationID string) (string, error) {
 type RunCodeArgs struct {
 	SessionID      string `json:"session_id,omitempty" validate:"omitempty,session_id" audit:"clear" desc:"Session to use; omit to start a new one. Reuse it to keep files and state."`
 	ConversationID string `json:"conversationId,omitempty" validate:"omitempty,session_id" audit:"clear" desc:"Alias of session_id."`
-	Language string `json:"language" validate:"required,max=32,clean" audit:"clear" desc:"Runner language; list_runners shows what is available (python, typescript, bash)."`
-	Code     string `json:"code" validate:"required,max=262144,clean" desc:"Source code to run. The working directory is /mnt/data (also /data), which persists for the session."`
-	TimeoutS int    `json:"timeout_s,omitempty" validate:"omitempty,min=1,max=600" desc:"Wall-clock limit in seconds (default 60)."`
+	Language       string `json:"language" validate:"required,max=32,clean" audit:"clear" desc:"Runner language; list_runners shows what is available (python, typescript, bash)."`
+	Code           string `json:"code" validate:"required,max=262144,clean" desc:"Source code to run. The working directory is /mnt/data (also /data), which persists for the session."`
+	TimeoutS       int    `json:"timeout_s,omitempty" validate:"omitempty,min=1,max=600" desc:"Wall-clock limit in seconds (default 60)."`
 }
 
 // FileRef is a file in a result.
@@ -140,10 +140,6 @@ func RunCode(e *Engine) ServerTool {
 				return nil, err
 			}
 			defer lease.Release()
-			before, err := lease.Session.ListFiles(ctx, "")
-			if err != nil {
-				return nil, err
-			}
 			res, err := lease.Session.Exec(ctx, sandbox.ExecRequest{Language: a.Language, Code: a.Code, Timeout: timeout, MaxOutputBytes: maxAgentBytes})
 			if res.Duration > 0 {
 				// Spent time counts even when the run failed.
@@ -151,10 +147,6 @@ func RunCode(e *Engine) ServerTool {
 				_ = e.Exec.AddExecution(actx, p.ID, res.Duration)
 				cancel()
 			}
-			if err != nil {
-				return nil, err
-			}
-			after, err := lease.Session.ListFiles(ctx, "")
 			if err != nil {
 				return nil, err
 			}
@@ -166,8 +158,7 @@ func RunCode(e *Engine) ServerTool {
 			out.Truncated = out.Truncated || t1 || t2
 			out.Output = joinOutput(out.Stdout, out.Stderr)
 			out.Success = res.ExitCode == 0 && !res.TimedOut && !res.OOMKilled && res.Signal == ""
-			changed := changedFiles(before, after)
-			result, err := e.filesResult(ctx, lease, changed, &out.Files)
+			result, err := e.filesResult(ctx, lease, res.Changed, &out.Files)
 			if err != nil {
 				return nil, err
 			}
@@ -201,21 +192,6 @@ func (e *Engine) checkLanguage(ctx context.Context, lang string) error {
 	}
 	sort.Strings(names)
 	return brokererr.New(brokererr.UnknownLanguage, "unknown language %q; available: %s", lang, strings.Join(names, ", "))
-}
-
-// changedFiles lists paths that are new or whose size or mtime changed.
-func changedFiles(before, after []sandbox.FileInfo) []sandbox.FileInfo {
-	old := make(map[string]sandbox.FileInfo, len(before))
-	for _, f := range before {
-		old[f.Path] = f
-	}
-	var out []sandbox.FileInfo
-	for _, f := range after {
-		if o, ok := old[f.Path]; !ok || o.Size != f.Size || !o.ModTime.Equal(f.ModTime) {
-			out = append(out, f)
-		}
-	}
-	return out
 }
 
 // filesResult adds a signed link for each file (capped) and inline images.

@@ -48,6 +48,7 @@ type Broker struct {
 	sandboxes *sessions.Manager
 	signer    *files.Signer
 	stop      context.CancelFunc // ends background loops
+	poolStats func() map[string]int
 }
 
 // Options are what the caller supplies besides Config.
@@ -68,6 +69,10 @@ func New(ctx context.Context, cfg config.Config, opts Options) (b *Broker, err e
 	}
 	if err := os.MkdirAll(cfg.Root, 0o700); err != nil {
 		return nil, fmt.Errorf("create SANDBOX_ROOT: %w", err)
+	}
+	// Bind mounts and redaction need the absolute path.
+	if cfg.Root, err = filepath.Abs(cfg.Root); err != nil {
+		return nil, fmt.Errorf("SANDBOX_ROOT: %w", err)
 	}
 	b = &Broker{cfg: cfg, version: opts.Version, started: time.Now(), sessions: newSessionOwners()}
 	defer func() {

@@ -17,6 +17,7 @@ import (
 	"github.com/sandbox-broker/sandbox-broker/services/identity"
 	"github.com/sandbox-broker/sandbox-broker/services/logging"
 	"github.com/sandbox-broker/sandbox-broker/services/sessions"
+	"github.com/sandbox-broker/sandbox-broker/services/workspace"
 	"github.com/sandbox-broker/sandbox-broker/tools"
 )
 
@@ -65,6 +66,8 @@ func (b *Broker) openEngine(ctx context.Context, cfg config.Config) error {
 		PidsLimit:   cfg.PidsLimit,
 		InstanceID:  instanceID(),
 		Log:         logging.Component(b.log, "docker"),
+		WorkspaceLimits: workspace.Limits{MaxFiles: cfg.MaxFiles, MaxBytes: cfg.MaxWorkspaceMB << 20,
+			MaxFileBytes: min(cfg.MaxWorkspaceMB<<20, 64<<20)},
 	})
 	if err != nil {
 		b.log.Error().Str("backend", cfg.Backend).Str("cause", b.redactor.Message(err.Error(), 300)).Msg("sandbox_backend_unavailable")
@@ -72,6 +75,7 @@ func (b *Broker) openEngine(ctx context.Context, cfg config.Config) error {
 		return nil
 	}
 	b.backend = eng
+	b.poolStats = func() map[string]int { return eng.Stats().PoolReady }
 	b.checks = append(b.checks, check{"sandbox_backend", eng.Ping})
 	b.sandboxes, err = sessions.Open(ctx, sessions.Options{
 		DBPath:      filepath.Join(cfg.Root, "state.db"),

@@ -23,6 +23,9 @@ type Health struct {
 	Version    string            `json:"version"`
 	UptimeS    int64             `json:"uptime_s"`
 	Components map[string]string `json:"components"` // name → "ok" or "error"
+	// Pool counts warm sandbox containers per language (informational:
+	// an empty pool refills in the background and is not a failure).
+	Pool map[string]int `json:"pool,omitempty"`
 }
 
 // Health runs every component check with a short timeout.
@@ -39,6 +42,9 @@ func (b *Broker) Health(ctx context.Context) Health {
 			continue
 		}
 		h.Components[c.name] = "ok"
+	}
+	if b.poolStats != nil {
+		h.Pool = b.poolStats()
 	}
 	return h
 }

@@ -29,6 +29,7 @@ import (
 	"github.com/sandbox-broker/sandbox-broker/services/agent"
 	"github.com/sandbox-broker/sandbox-broker/services/brokererr"
 	"github.com/sandbox-broker/sandbox-broker/services/sandbox"
+	"github.com/sandbox-broker/sandbox-broker/services/workspace"
 )
 
 // Labels on images and containers.
@@ -64,6 +65,8 @@ type Options struct {
 	Log         zerolog.Logger
 	// ReadyTimeout bounds container start + agent readiness (default 30s).
 	ReadyTimeout time.Duration
+	// WorkspaceLimits is each session's quota; zero fields take defaults.
+	WorkspaceLimits workspace.Limits
 }
 
 const (
@@ -200,10 +203,18 @@ func (e *Engine) Ping(ctx context.Context) error {
 }
 
 // Runners implements sandbox.Backend; it re-reads the image list.
+// The map discovered at start is used; it is refreshed only when it is empty
+// or a run names a language it lacks, so this sits off the Docker API on
+// every call's path.
 func (e *Engine) Runners(ctx context.Context) ([]sandbox.Runner, error) {
-	m, err := e.discover(ctx)
-	if err != nil {
-		return nil, err
+	e.mu.Lock()
+	m := e.runners
+	e.mu.Unlock()
+	if len(m) == 0 {
+		var err error
+		if m, err = e.discover(ctx); err != nil {
+			return nil, err
+		}
 	}
 	out := make([]sandbox.Runner, 0, len(m))
 	for _, r := range m {

@@ -6,7 +6,6 @@ import (
 	"io/fs"
 	"os"
 	"path"
-	"sort"
 	"strings"
 	"sync"
 	"time"
@@ -87,8 +86,18 @@ func (s *Session) Exec(ctx context.Context, req sandbox.ExecRequest) (sandbox.Ex
 	if timeout > agent.MaxTimeoutMS*time.Millisecond {
 		timeout = agent.MaxTimeoutMS * time.Millisecond
 	}
+	w, err := s.openWorkspace(true)
+	if err != nil {
+		return sandbox.ExecResult{}, err
+	}
+	defer w.Close()
+	before, err := w.Snapshot()
+	if err != nil {
+		return sandbox.ExecResult{}, err
+	}
 	oomBefore := e.oomKills(c)
 	rctx, cancel := context.WithTimeout(ctx, timeout+hardStopMargin)
+	stopWatch := s.watchQuota(rctx, w, c)
 	start := time.Now()
 	resp, err := agentRun(rctx, c.socket(), agent.Request{
 		Language:       r.Language,
@@ -98,7 +107,11 @@ func (s *Session) Exec(ctx context.Context, req sandbox.ExecRequest) (sandbox.Ex
 	})
 	hardStop := rctx.Err() != nil && ctx.Err() == nil
 	cancel()
+	exceeded := stopWatch()
 	dur := time.Since(start)
+	if over, _ := w.OverQuota(); exceeded || over {
+		return s.quotaExceeded(w, before, r.Language, c, dur)
+	}
 	if err != nil {
 		// The agent is gone, hung or the caller gave up: this container's
 		// state is unknown, so it goes; the next Exec starts a new one.
@@ -133,6 +146,11 @@ func (s *Session) Exec(ctx context.Context, req sandbox.ExecRequest) (sandbox.Ex
 	}
 	if res.Duration <= 0 {
 		res.Duration = dur
+	}
+	if after, err := w.Snapshot(); err == nil {
+		for _, p := range workspace.Changed(before, after) {
+			res.Changed = append(res.Changed, sandbox.FileInfo{Path: p, Size: after[p].Size, ModTime: after[p].ModTime})
+		}
 	}
 	if !res.TimedOut && (resp.Signal == "SIGKILL" || resp.ExitCode == 137) {
 		res.OOMKilled = e.wasOOMKilled(ctx, c, oomBefore)
@@ -174,10 +192,63 @@ func (e *Engine) killAndRemove(c *ctr) { e.removeAsync(c) }
 func (s *Session) openWorkspace(create bool) (*workspace.Workspace, error) {
 	if create {
 		if _, err := os.Lstat(s.ref.Dir); errors.Is(err, fs.ErrNotExist) {
-			return workspace.Create(s.ref.Dir)
+			return workspace.Create(s.ref.Dir, workspace.WithLimits(s.e.o.WorkspaceLimits))
 		}
 	}
-	return workspace.Open(s.ref.Dir, workspace.Limits{})
+	return workspace.Open(s.ref.Dir, s.e.o.WorkspaceLimits)
+}
+
+// quotaPoll is how often a running sandbox's workspace is measured. The
+// quota can be overshot by what the code writes within one interval, bounded
+// per file by the fsize ulimit.
+const quotaPoll = 500 * time.Millisecond
+
+// watchQuota kills c when the workspace grows past its quota during a run
+// (plain ext4 bind mounts have no quota of their own). The returned stop
+// function reports whether it fired.
+func (s *Session) watchQuota(ctx context.Context, w *workspace.Workspace, c *ctr) func() bool {
+	done := make(chan struct{})
+	fired := make(chan bool, 1)
+	go func() {
+		t := time.NewTicker(quotaPoll)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				fired <- false
+				return
+			case <-ctx.Done():
+				fired <- false
+				return
+			case <-t.C:
+				if over, _ := w.OverQuota(); over {
+					s.e.log.Warn().Str("container", shortID(c.dockerID)).Msg("workspace_quota_exceeded")
+					_ = s.e.removeContainer(context.WithoutCancel(ctx), c)
+					fired <- true
+					return
+				}
+			}
+		}
+	}()
+	return func() bool {
+		close(done)
+		return <-fired
+	}
+}
+
+// quotaExceeded removes what the run wrote, retires its container and
+// reports QUOTA_EXCEEDED.
+func (s *Session) quotaExceeded(w *workspace.Workspace, before map[string]workspace.FileStamp, lang string, c *ctr, dur time.Duration) (sandbox.ExecResult, error) {
+	if after, err := w.Snapshot(); err == nil {
+		for _, p := range workspace.Changed(before, after) {
+			_ = w.Remove(p)
+		}
+	}
+	delete(s.ctrs, lang)
+	s.e.killAndRemove(c)
+	l := w.Limits()
+	return sandbox.ExecResult{Duration: dur, ExitCode: -1}, brokererr.New(brokererr.QuotaExceeded,
+		"the workspace exceeded its quota (%d files, %d MiB); the run was stopped and the files it wrote were removed", l.MaxFiles, l.MaxBytes>>20)
 }
 
 // WriteFile implements sandbox.Session on the host workspace directory.
@@ -224,61 +295,16 @@ func (s *Session) ListFiles(ctx context.Context, dir string) ([]sandbox.FileInfo
 	if s.destroyed {
 		return nil, brokererr.New(brokererr.SandboxNotFound, "the sandbox was destroyed")
 	}
-	start := "."
-	if dir != "" && dir != "." && dir != "/" {
-		rel, err := workspace.ValidatePath(dir)
-		if err != nil {
-			return nil, err
-		}
-		start = rel
+	w, err := s.openWorkspace(false)
+	if brokererr.CodeOf(err) == brokererr.SandboxNotFound && (dir == "" || dir == ".") {
+		return []sandbox.FileInfo{}, nil // nothing written yet
 	}
-	fi, err := os.Lstat(s.ref.Dir)
-	if errors.Is(err, fs.ErrNotExist) {
-		if start == "." {
-			return []sandbox.FileInfo{}, nil
-		}
-		return nil, brokererr.New(brokererr.FileNotFound, "directory not found")
-	}
-	if err != nil || !fi.IsDir() {
-		return nil, brokererr.Wrap(err, brokererr.InternalError, "cannot open workspace")
-	}
-	root, err := os.OpenRoot(s.ref.Dir)
 	if err != nil {
-		return nil, brokererr.Wrap(err, brokererr.InternalError, "cannot open workspace")
+		return nil, err
 	}
-	defer root.Close()
-	if st, err := root.Lstat(start); err != nil || !st.IsDir() {
-		return nil, brokererr.New(brokererr.FileNotFound, "directory not found")
-	}
-	out := []sandbox.FileInfo{}
-	err = fs.WalkDir(root.FS(), start, func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
-			if p == start {
-				return err
-			}
-			return nil // unreadable subtree: skip
-		}
-		if ctx.Err() != nil {
-			return ctx.Err()
-		}
-		if !d.Type().IsRegular() || strings.HasPrefix(d.Name(), ".sbx-tmp-") {
-			return nil
-		}
-		info, err := d.Info()
-		if err != nil {
-			return nil
-		}
-		if len(out) >= maxListEntries {
-			return fs.SkipAll
-		}
-		out = append(out, sandbox.FileInfo{Path: p, Size: info.Size(), ModTime: info.ModTime()})
-		return nil
-	})
-	if err != nil {
-		return nil, brokererr.Wrap(err, brokererr.InternalError, "cannot list workspace")
-	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Path < out[j].Path })
-	return out, nil
+	defer w.Close()
+	list, _, err := w.List(dir, maxListEntries)
+	return list, err
 }
 
 // removeAll removes every container of the session and waits.

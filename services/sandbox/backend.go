@@ -42,6 +42,8 @@ type ExecResult struct {
 	TimedOut  bool
 	OOMKilled bool
 	Duration  time.Duration
+	// Changed lists the workspace files the run created or modified.
+	Changed []FileInfo
 }
 
 // FileInfo describes a workspace file; Path is slash-separated and relative.

@@ -531,3 +531,25 @@ func isEscape(err error) bool {
 	}
 	return false
 }
+
+// Remove deletes one regular file or symlink through the root (never
+// following a link); a missing file is not an error.
+func (w *Workspace) Remove(path string) error {
+	rel, err := ValidatePath(path, w.forbidden...)
+	if err != nil {
+		return err
+	}
+	if err := w.root.Remove(rel); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return brokererr.Wrap(err, brokererr.InternalError, "cannot remove file")
+	}
+	return nil
+}
+
+// OverQuota reports whether the workspace holds more than its limits allow.
+func (w *Workspace) OverQuota() (bool, error) {
+	files, bytes, err := w.Usage()
+	if err != nil {
+		return brokererr.CodeOf(err) == brokererr.QuotaExceeded, err
+	}
+	return files > w.lim.MaxFiles || bytes > w.lim.MaxBytes, nil
+}
