@@ -276,14 +276,21 @@ func TestSignedURLs(t *testing.T) {
 		return u2.String()
 	}
 	bad := map[string]string{
-		"tampered sig":  mutate(func(_ *url.URL, q url.Values) { s := q.Get("sig"); q.Set("sig", "A"+s[1:]) }),
-		"expired":       mutate(func(_ *url.URL, q url.Values) { q.Set("exp", "1000000000") }),
-		"extended exp":  mutate(func(_ *url.URL, q url.Values) { q.Set("exp", fmt.Sprint(time.Now().Add(365*24*time.Hour).Unix())) }),
-		"other path":    mutate(func(u *url.URL, _ url.Values) { u.Path = strings.Replace(u.Path, "report.txt", "passwd.txt", 1) }),
-		"unknown kid":   mutate(func(_ *url.URL, q url.Values) { q.Set("kid", "deadbeef") }),
-		"dup sig":       mutate(func(_ *url.URL, q url.Values) { q.Add("sig", q.Get("sig")) }),
-		"no signature":  mutate(func(_ *url.URL, q url.Values) { q.Del("sig") }),
-		"traversal":     mutate(func(u *url.URL, _ url.Values) { u.Path = strings.Replace(u.Path, "report.txt", "../report.txt", 1) }),
+		"tampered sig": mutate(func(_ *url.URL, q url.Values) {
+			s := q.Get("sig")
+			flip := "A"
+			if s[0] == 'A' {
+				flip = "B"
+			}
+			q.Set("sig", flip+s[1:])
+		}),
+		"expired":      mutate(func(_ *url.URL, q url.Values) { q.Set("exp", "1000000000") }),
+		"extended exp": mutate(func(_ *url.URL, q url.Values) { q.Set("exp", fmt.Sprint(time.Now().Add(365*24*time.Hour).Unix())) }),
+		"other path":   mutate(func(u *url.URL, _ url.Values) { u.Path = strings.Replace(u.Path, "report.txt", "passwd.txt", 1) }),
+		"unknown kid":  mutate(func(_ *url.URL, q url.Values) { q.Set("kid", "deadbeef") }),
+		"dup sig":      mutate(func(_ *url.URL, q url.Values) { q.Add("sig", q.Get("sig")) }),
+		"no signature": mutate(func(_ *url.URL, q url.Values) { q.Del("sig") }),
+		"traversal":    mutate(func(u *url.URL, _ url.Values) { u.Path = strings.Replace(u.Path, "report.txt", "../report.txt", 1) }),
 	}
 	for name, u := range bad {
 		if code, _ := status(u); code != http.StatusForbidden {
@@ -437,11 +444,11 @@ func TestCloseSessionLeavesNoContainer(t *testing.T) {
 	b := engineBroker(t, map[string]string{"SANDBOX_POOL_SIZE": "0"})
 	c := b.Client(t, testToken)
 	r, _ := run(t, c, map[string]any{"language": "python", "code": "print(1)"})
-	if len(containersLabelled(t, "sandbox.broker=1")) == 0 {
+	if len(containersLabelled(t, "sandbox.root="+b.Root)) == 0 {
 		t.Fatal("no container while the session is open")
 	}
 	resultJSON(t, callTool(t, c, "close_session", map[string]any{"session_id": r.SessionID}), &map[string]any{})
-	if left := containersLabelled(t, "sandbox.broker=1"); len(left) != 0 {
+	if left := containersLabelled(t, "sandbox.root="+b.Root); len(left) != 0 {
 		t.Fatalf("containers left after close_session: %v", left)
 	}
 	mustToolError(t, callTool(t, c, "list_artifacts", map[string]any{"session_id": r.SessionID}), "SANDBOX_NOT_FOUND")
@@ -451,17 +458,17 @@ func TestRestartKeepsWorkspaceAndSweepsOrphans(t *testing.T) {
 	b := engineBroker(t, nil)
 	c := b.Client(t, testToken)
 	r, _ := run(t, c, map[string]any{"session_id": "survivor", "language": "python", "code": "open('keep.txt','w').write('still here')"})
-	if len(containersLabelled(t, "sandbox.broker=1")) == 0 {
+	if len(containersLabelled(t, "sandbox.root="+b.Root)) == 0 {
 		t.Fatal("no containers before the crash")
 	}
 	// Crash: no clean shutdown, containers are orphaned.
 	_ = b.cmd.Process.Signal(syscall.SIGKILL)
 	<-b.done
-	if len(containersLabelled(t, "sandbox.broker=1")) == 0 {
+	if len(containersLabelled(t, "sandbox.root="+b.Root)) == 0 {
 		t.Fatal("test premise: SIGKILL should leave orphans")
 	}
 	b2 := StartHTTP(t, BrokerOpts{Root: b.Root, Token: testToken, Env: map[string]string{"SANDBOX_POOL_SIZE": "0"}})
-	if left := containersLabelled(t, "sandbox.broker=1"); len(left) != 0 {
+	if left := containersLabelled(t, "sandbox.root="+b2.Root); len(left) != 0 {
 		t.Fatalf("orphans not swept at start: %v", left)
 	}
 	c2 := b2.Client(t, testToken)
@@ -473,7 +480,6 @@ func TestRestartKeepsWorkspaceAndSweepsOrphans(t *testing.T) {
 		t.Fatal(err)
 	}
 }
-
 
 func TestWorkspaceQuotaEnforced(t *testing.T) {
 	b := engineBroker(t, map[string]string{"SANDBOX_MAX_WORKSPACE_MB": "5", "SANDBOX_MAX_FILES": "50"})

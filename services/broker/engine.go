@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -50,16 +51,13 @@ func (b *Broker) openEngine(ctx context.Context, cfg config.Config) error {
 	if cfg.Backend == "none" {
 		return nil
 	}
-	exe, err := os.Executable()
-	if err == nil {
-		exe, err = filepath.EvalSymlinks(exe)
-	}
+	agentBin, err := installAgent(cfg.Root)
 	if err != nil {
-		return fmt.Errorf("locate own binary for the sandbox agent: %w", err)
+		return fmt.Errorf("install the sandbox agent: %w", err)
 	}
 	eng, err := docker.New(ctx, docker.Options{
 		Root:        cfg.Root,
-		AgentBinary: exe,
+		AgentBinary: agentBin,
 		PoolSize:    cfg.PoolSize,
 		Memory:      cfg.MemoryMB << 20,
 		NanoCPUs:    int64(cfg.CPUs) * 1_000_000,
@@ -94,6 +92,48 @@ func (b *Broker) openEngine(ctx context.Context, cfg config.Config) error {
 	b.stop = stop
 	go b.sandboxes.RunReaper(loops, reapEvery(time.Duration(cfg.IdleTimeoutMS)*time.Millisecond))
 	return nil
+}
+
+// installAgent copies the broker's own binary (it doubles as the in-sandbox
+// agent) to <root>/bin/sandbox-agent and returns that path. Bind mounts are
+// resolved by the Docker daemon on the host, so when the broker itself runs
+// in a container with SANDBOX_ROOT mounted at the same path, this path is
+// valid on both sides while the broker's own executable path is not.
+func installAgent(root string) (string, error) {
+	exe, err := os.Executable()
+	if err == nil {
+		exe, err = filepath.EvalSymlinks(exe)
+	}
+	if err != nil {
+		return "", err
+	}
+	dst := filepath.Join(root, "bin", "sandbox-agent")
+	if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
+		return "", err
+	}
+	src, err := os.Open(exe)
+	if err != nil {
+		return "", err
+	}
+	defer src.Close()
+	tmp, err := os.CreateTemp(filepath.Dir(dst), ".agent-*")
+	if err != nil {
+		return "", err
+	}
+	defer os.Remove(tmp.Name())
+	if _, err := io.Copy(tmp, src); err != nil {
+		tmp.Close()
+		return "", err
+	}
+	if err := tmp.Chmod(0o755); err != nil {
+		tmp.Close()
+		return "", err
+	}
+	if err := tmp.Close(); err != nil {
+		return "", err
+	}
+	// Rename keeps containers that still mount the old inode working.
+	return dst, os.Rename(tmp.Name(), dst)
 }
 
 // reapEvery checks often enough that a session is released within about a

@@ -1,0 +1,205 @@
+package sessions
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/sandbox-broker/sandbox-broker/services/brokererr"
+	"github.com/sandbox-broker/sandbox-broker/services/docker"
+	"github.com/sandbox-broker/sandbox-broker/services/sandbox"
+)
+
+// clock is a settable time source, so reaping needs no sleeps.
+type clock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func (c *clock) Now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.now }
+func (c *clock) Add(d time.Duration) {
+	c.mu.Lock()
+	c.now = c.now.Add(d)
+	c.mu.Unlock()
+}
+
+// newManager runs against the real Docker engine with the real agent.
+func newManager(t *testing.T, clk *clock, onCreate func(context.Context, string) error) (*Manager, string) {
+	t.Helper()
+	if err := exec.Command("docker", "info").Run(); err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("Docker is required in CI")
+		}
+		t.Skip("no Docker daemon")
+	}
+	root := t.TempDir()
+	bin := filepath.Join(t.TempDir(), "sandbox-broker")
+	build := exec.Command("go", "build", "-o", bin, "github.com/sandbox-broker/sandbox-broker/cmd/sandbox-broker")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("build agent: %v\n%s", err, out)
+	}
+	ctx := context.Background()
+	eng, err := docker.New(ctx, docker.Options{Root: root, AgentBinary: bin, InstanceID: "sessions-test", Log: zerolog.Nop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = eng.Close(context.Background()) })
+	m, err := Open(ctx, Options{DBPath: filepath.Join(root, "state.db"), Root: root, Backend: eng,
+		IdleTimeout: 10 * time.Minute, MaxAge: time.Hour, OnCreate: onCreate, Now: clk.Now, Log: zerolog.Nop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = m.Close(context.Background()) })
+	return m, root
+}
+
+func containers(t *testing.T, root string) int {
+	out, err := exec.Command("docker", "ps", "-aq", "--filter", "label=sandbox.root="+root).Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return len(strings.Fields(string(out)))
+}
+
+func exec1(t *testing.T, l *Lease, code string) string {
+	t.Helper()
+	res, err := l.Session.Exec(context.Background(), sandbox.ExecRequest{Language: "bash", Code: code, Timeout: 20 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(res.Stdout)
+}
+
+func TestOwnershipAndGeneratedIDs(t *testing.T) {
+	clk := &clock{now: time.Unix(1_800_000_000, 0)}
+	var created []string
+	m, _ := newManager(t, clk, func(_ context.Context, p string) error { created = append(created, p); return nil })
+	ctx := context.Background()
+	l, err := m.Acquire(ctx, "alice", "", true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !IDPattern.MatchString(l.ID) || !strings.HasPrefix(l.ID, "sess_") || len(l.ID) != len("sess_")+12 || !l.Created {
+		t.Fatalf("generated id %q created=%v", l.ID, l.Created)
+	}
+	exec1(t, l, "echo mine > f.txt")
+	l.Release()
+	if _, err := m.Acquire(ctx, "bob", l.ID, false); brokererr.CodeOf(err) != brokererr.SandboxNotFound {
+		t.Fatalf("bob reading alice's session: %v", err)
+	}
+	if err := m.Remove(ctx, "bob", l.ID); brokererr.CodeOf(err) != brokererr.SandboxNotFound {
+		t.Fatalf("bob removing alice's session: %v", err)
+	}
+	lb, err := m.Acquire(ctx, "bob", l.ID, true) // bob's own session of the same name
+	if err != nil {
+		t.Fatal(err)
+	}
+	if lb.WorkspaceID == l.WorkspaceID || strings.Contains(exec1(t, lb, "cat f.txt 2>&1"), "mine") {
+		t.Fatal("bob's session shares alice's workspace")
+	}
+	lb.Release()
+	if len(created) != 2 || created[0] != "alice" || created[1] != "bob" {
+		t.Fatalf("OnCreate calls = %v", created)
+	}
+	for _, bad := range []string{"../x", "a b", strings.Repeat("x", 65), "é"} {
+		if _, err := m.Acquire(ctx, "alice", bad, true); brokererr.CodeOf(err) != brokererr.InvalidInput {
+			t.Errorf("id %q: %v", bad, err)
+		}
+	}
+}
+
+func TestQuotaRefusalCreatesNothing(t *testing.T) {
+	clk := &clock{now: time.Unix(1_800_000_000, 0)}
+	m, root := newManager(t, clk, func(context.Context, string) error {
+		return brokererr.New(brokererr.QuotaExceeded, "no more")
+	})
+	if _, err := m.Acquire(context.Background(), "alice", "s1", true); brokererr.CodeOf(err) != brokererr.QuotaExceeded {
+		t.Fatalf("want QUOTA_EXCEEDED, got %v", err)
+	}
+	entries, _ := os.ReadDir(filepath.Join(root, "workspaces"))
+	if len(entries) != 0 {
+		t.Fatalf("workspace created despite the refusal: %v", entries)
+	}
+}
+
+func TestReaperReleasesIdleAndExpiresOld(t *testing.T) {
+	clk := &clock{now: time.Unix(1_800_000_000, 0)}
+	m, root := newManager(t, clk, nil)
+	ctx := context.Background()
+	l, err := m.Acquire(ctx, "alice", "s1", true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	exec1(t, l, "echo kept > f.txt")
+	l.Release()
+	if containers(t, root) != 1 {
+		t.Fatalf("containers = %d, want 1", containers(t, root))
+	}
+	clk.Add(9 * time.Minute)
+	m.Reap(ctx)
+	if containers(t, root) != 1 {
+		t.Fatal("released before the idle timeout")
+	}
+	clk.Add(2 * time.Minute)
+	m.Reap(ctx)
+	if containers(t, root) != 0 {
+		t.Fatal("idle session kept its container")
+	}
+	// Files survive idling, and the session comes back on use.
+	l, err = m.Acquire(ctx, "alice", "s1", false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := strings.TrimSpace(exec1(t, l, "cat f.txt")); got != "kept" {
+		t.Fatalf("after idle release: %q", got)
+	}
+	l.Release()
+	clk.Add(time.Hour)
+	m.Reap(ctx)
+	if containers(t, root) != 0 {
+		t.Fatal("expired session kept its container")
+	}
+	if _, err := os.Stat(m.WorkspaceDir(l.WorkspaceID)); !os.IsNotExist(err) {
+		t.Fatalf("expired workspace still on disk: %v", err)
+	}
+	if _, err := m.Acquire(ctx, "alice", "s1", false); brokererr.CodeOf(err) != brokererr.SandboxNotFound {
+		t.Fatalf("expired session still acquirable: %v", err)
+	}
+}
+
+func TestSessionsSurviveReopen(t *testing.T) {
+	clk := &clock{now: time.Unix(1_800_000_000, 0)}
+	m, root := newManager(t, clk, nil)
+	ctx := context.Background()
+	l, err := m.Acquire(ctx, "alice", "persist", true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wid := l.WorkspaceID
+	exec1(t, l, "echo durable > d.txt")
+	l.Release()
+	if err := m.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	m2, err := Open(ctx, Options{DBPath: filepath.Join(root, "state.db"), Root: root, Backend: m.o.Backend, Now: clk.Now, Log: zerolog.Nop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m2.Close(ctx)
+	l2, err := m2.Acquire(ctx, "alice", "persist", false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l2.Release()
+	if l2.WorkspaceID != wid || strings.TrimSpace(exec1(t, l2, "cat d.txt")) != "durable" {
+		t.Fatal("session or workspace lost across reopen")
+	}
+}
