@@ -294,3 +294,16 @@ func FuzzRedact(f *testing.F) {
 		}
 	})
 }
+
+// TestTokensInJSONEscapedText: results are JSON text, where a newline is the
+// two characters `\n`, so a token right after it follows a word character.
+func TestTokensInJSONEscapedText(t *testing.T) {
+	r := redact.New(nil, nil)
+	in := `{"output":"x\nAKIAABCDEFGHIJKLMNOP\nghp_` + strings.Repeat("a", 36) + `\ncsb_v1_abcdefghijklmnop\nBearer abcdefghijklmnopqrstu"}`
+	out := r.String(in)
+	for _, leak := range []string{"AKIAABCD", "ghp_aaaa", "csb_v1_abc", "abcdefghijklmnopqrstu"} {
+		if strings.Contains(out, leak) {
+			t.Errorf("%q survived in %q", leak, out)
+		}
+	}
+}

@@ -118,7 +118,7 @@ func (ta *testAgent) run(tb testing.TB, req Request) Response {
 func py(code string) Request { return Request{Language: LangPython, Code: code, TimeoutMS: 20_000} }
 
 // leftovers lists live (non-zombie) descendants of the test process that
-// are not protected zygotes.
+// are not protected zygotes or their idle spares.
 func leftovers(tb testing.TB) []procInfo {
 	tb.Helper()
 	procs, _, err := listProcs("/proc")
@@ -130,7 +130,7 @@ func leftovers(tb testing.TB) []procInfo {
 	var out []procInfo
 	targets, _ := sweepTargets(SweepDescendants, procs, os.Getpid())
 	for _, p := range targets {
-		if !protected[p.pid] && p.state != 'Z' && p.state != 'X' {
+		if !protected[p.pid] && !spareOfZygote(p) && p.state != 'Z' && p.state != 'X' {
 			out = append(out, p)
 		}
 	}

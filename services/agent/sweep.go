@@ -115,8 +115,22 @@ func becomeSubreaper() {
 
 type procInfo struct {
 	pid, ppid int
+	sid       int
 	state     byte
+	flags     uint64 // PF_* flags of the thread-group leader
 	start     uint64 // starttime in clock ticks since boot: (pid, start) names a process
+}
+
+// pfExiting is PF_EXITING: the task is in do_exit and never returns to
+// user space.
+const pfExiting = 0x4
+
+// spareOfZygote reports whether p is an idle spare of a live zygote: a
+// child of a protected process that is still in that process's session
+// (the zygote is a session leader; a spare calls setsid before it runs any
+// code, and nothing can join another session). Caller holds spawnMu.
+func spareOfZygote(p procInfo) bool {
+	return protected[p.ppid] && p.sid == p.ppid && p.state != 'Z' && p.state != 'X'
 }
 
 type procKey struct {
@@ -167,7 +181,8 @@ func parseStat(b []byte) (procInfo, bool) {
 		return procInfo{}, false
 	}
 	f := bytes.Fields(b[i+1:])
-	// f[0] is field 3 (state), f[1] field 4 (ppid), f[19] field 22 (starttime).
+	// f[0] is field 3 (state), f[1] field 4 (ppid), f[3] field 6
+	// (session), f[6] field 9 (flags), f[19] field 22 (starttime).
 	if len(f) < 20 || len(f[0]) != 1 {
 		return procInfo{}, false
 	}
@@ -175,11 +190,19 @@ func parseStat(b []byte) (procInfo, bool) {
 	if err != nil {
 		return procInfo{}, false
 	}
+	sid, err := strconv.Atoi(string(f[3]))
+	if err != nil {
+		return procInfo{}, false
+	}
+	flags, err := strconv.ParseUint(string(f[6]), 10, 64)
+	if err != nil {
+		return procInfo{}, false
+	}
 	st, err := strconv.ParseUint(string(f[19]), 10, 64)
 	if err != nil {
 		return procInfo{}, false
 	}
-	return procInfo{ppid: ppid, state: f[0][0], start: st}, true
+	return procInfo{ppid: ppid, sid: sid, state: f[0][0], flags: flags, start: st}, true
 }
 
 // sweepTargets returns the processes a sweep round should consider. In
@@ -258,6 +281,7 @@ type sweepResult struct {
 func sweep(mode SweepMode, procRoot string) sweepResult {
 	self := os.Getpid()
 	signalled := map[procKey]bool{}
+	exiting := map[procKey]bool{}
 	var res sweepResult
 	prev := map[procKey]bool{}
 	// pass scans once. With kill it signals new targets and reports
@@ -274,7 +298,7 @@ func sweep(mode SweepMode, procRoot string) sweepResult {
 		quiet = misses == 0 && !dangling
 		seen := make(map[procKey]bool, len(targets))
 		for _, p := range targets {
-			if protected[p.pid] {
+			if protected[p.pid] || spareOfZygote(p) {
 				continue
 			}
 			k := procKey{p.pid, p.start}
@@ -295,7 +319,17 @@ func sweep(mode SweepMode, procRoot string) sweepResult {
 				}
 				continue
 			}
-			if signalled[k] {
+			if signalled[k] || exiting[k] {
+				continue
+			}
+			if p.flags&pfExiting != 0 {
+				// Already in exit (a run that reported its status just
+				// before os._exit): SIGKILL dooms any other thread and
+				// forbids new children, and no user code runs again, so
+				// its teardown is not waited for.
+				if syscall.Kill(p.pid, syscall.SIGKILL) == nil {
+					exiting[k] = true
+				}
 				continue
 			}
 			if syscall.Kill(p.pid, syscall.SIGKILL) == nil {
