@@ -48,6 +48,7 @@ type Config struct {
 	MaxRequestBytes    int      `env:"MCP_MAX_REQUEST_BYTES" validate:"min=4096,max=268435456"`
 	// Sandbox engine.
 	Backend        string `env:"SANDBOX_BACKEND" validate:"oneof=docker none"`
+	Runtime        string `env:"SANDBOX_RUNTIME" validate:"omitempty,oneof=runc runsc"`
 	TimeoutS       int    `env:"SANDBOX_TIMEOUT" validate:"min=1,max=3600"`
 	MaxTimeoutS    int    `env:"SANDBOX_MAX_TIMEOUT" validate:"min=1,max=3600,gtefield=TimeoutS"`
 	IdleTimeoutMS  int64  `env:"SANDBOX_IDLE_TIMEOUT_MS" validate:"min=1000,max=604800000"`

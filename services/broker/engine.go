@@ -62,6 +62,7 @@ func (b *Broker) openEngine(ctx context.Context, cfg config.Config) error {
 		Memory:      cfg.MemoryMB << 20,
 		NanoCPUs:    int64(cfg.CPUs) * 1_000_000,
 		PidsLimit:   cfg.PidsLimit,
+		Runtime:     cfg.Runtime,
 		InstanceID:  instanceID(),
 		Log:         logging.Component(b.log, "docker"),
 		WorkspaceLimits: workspace.Limits{MaxFiles: cfg.MaxFiles, MaxBytes: cfg.MaxWorkspaceMB << 20,
