@@ -304,6 +304,17 @@ func TestBadInputGetsClearErrorsAndServerKeepsServing(t *testing.T) {
 	mustToolError(t, callTool(t, c, "get_usage", map[string]any{"unexpected": 1}), "INVALID_INPUT")
 	mustToolError(t, callTool(t, c, "get_usage", []any{1, 2}), "INVALID_INPUT")
 	mustToolError(t, callTool(t, c, "get_usage", "a string"), "INVALID_INPUT")
+	// Typed fields: validation runs before any handler or backend.
+	for _, args := range []map[string]any{
+		{"language": 5, "code": "print(1)"},
+		{"language": "python", "code": "print(1)", "timeout_s": "ten"},
+		{"language": "python", "code": "print(1)", "timeout_s": 1.5},
+		{"language": "python", "code": "print(1)", "session_id": "../etc"},
+		{"language": "python"},
+		{"language": "python", "code": "x", "Code": "y"},
+	} {
+		mustToolError(t, callTool(t, c, "run_code", args), "INVALID_INPUT")
+	}
 	var req mcp.CallToolRequest
 	req.Params.Name = "no_such_tool"
 	if _, err := c.CallTool(context.Background(), req); err == nil {

@@ -506,3 +506,74 @@ func TestWorkspaceQuotaEnforced(t *testing.T) {
 		t.Fatalf("session unusable after quota stops: %+v", r2)
 	}
 }
+
+func TestReadArtifactAndListRunners(t *testing.T) {
+	b := engineBroker(t, nil)
+	c := b.Client(t, testToken)
+	var runners struct {
+		Backend string `json:"backend"`
+		Runners []struct {
+			Language string `json:"language"`
+			Image    string `json:"image"`
+		} `json:"runners"`
+	}
+	resultJSON(t, callTool(t, c, "list_runners", nil), &runners)
+	var langs []string
+	for _, r := range runners.Runners {
+		langs = append(langs, r.Language+"="+r.Image)
+	}
+	if runners.Backend != "docker" || strings.Join(langs, ",") != "bash=sandbox-broker/runner-bash:latest,python=sandbox-broker/runner-python:latest,typescript=sandbox-broker/runner-typescript:latest" {
+		t.Fatalf("list_runners: %+v", runners)
+	}
+	code := `
+import matplotlib.pyplot as plt
+plt.plot([1, 2, 3]); plt.savefig("plot.png")
+open("notes.md", "w").write("# title\n" + "line\n" * 10)
+open("blob.bin", "wb").write(bytes(range(256)))
+`
+	r, _ := run(t, c, map[string]any{"language": "python", "code": code})
+	type readResult struct {
+		Encoding      string `json:"encoding"`
+		MIME          string `json:"mime"`
+		Text          string `json:"text"`
+		ContentBase64 string `json:"content_base64"`
+		Size          int64  `json:"size"`
+		Length        int    `json:"length"`
+		EOF           bool   `json:"eof"`
+		URL           string `json:"url"`
+	}
+	read := func(args map[string]any) (readResult, *mcp.CallToolResult) {
+		args["session_id"] = r.SessionID
+		res := callTool(t, c, "read_artifact", args)
+		var out readResult
+		resultJSON(t, res, &out)
+		if res.IsError || out.URL == "" {
+			t.Fatalf("read_artifact %v: %+v", args, out)
+		}
+		return out, res
+	}
+	txt, _ := read(map[string]any{"path": "notes.md"})
+	if txt.Encoding != "text" || !strings.HasPrefix(txt.Text, "# title") || !txt.EOF {
+		t.Errorf("text: %+v", txt)
+	}
+	part, _ := read(map[string]any{"path": "notes.md", "offset": 8, "max_bytes": 5})
+	if part.Text != "line\n" || part.EOF || part.Length != 5 {
+		t.Errorf("range read: %+v", part)
+	}
+	img, res := read(map[string]any{"path": "plot.png"})
+	hasImage := false
+	for _, ct := range res.Content {
+		if im, ok := ct.(mcp.ImageContent); ok && im.MIMEType == "image/png" && len(im.Data) > 100 {
+			hasImage = true
+		}
+	}
+	if img.Encoding != "image" || !hasImage {
+		t.Errorf("image: %+v", img)
+	}
+	bin, _ := read(map[string]any{"path": "blob.bin"})
+	if bin.Encoding != "base64" || bin.Size != 256 || !strings.HasPrefix(bin.ContentBase64, "AAECAwQF") {
+		t.Errorf("binary: %+v", bin)
+	}
+	mustToolError(t, callTool(t, c, "read_artifact", map[string]any{"session_id": r.SessionID, "path": "missing.txt"}), "FILE_NOT_FOUND")
+	mustToolError(t, callTool(t, c, "read_artifact", map[string]any{"session_id": r.SessionID, "path": "../../etc/passwd"}), "PATH_TRAVERSAL")
+}

@@ -262,7 +262,7 @@ const (
 type sweepResult struct {
 	killed    int  // processes SIGKILLed
 	converged bool // a round found nothing new to kill
-	gone      bool // every killed process has exited
+	gone      bool // every killed process has exited or is in exit
 }
 
 // sweep SIGKILLs every target process except the protected ones, round after
@@ -314,7 +314,8 @@ func sweep(mode SweepMode, procRoot string) sweepResult {
 				continue
 			}
 			if !kill {
-				if signalled[k] {
+				// Killed and already in exit: it runs no user code again.
+				if signalled[k] && p.flags&pfExiting == 0 {
 					n++
 				}
 				continue
@@ -350,8 +351,10 @@ func sweep(mode SweepMode, procRoot string) sweepResult {
 			res.converged = true
 			break
 		}
-		if n == 0 {
-			time.Sleep(100 * time.Microsecond) // let exits and re-parenting settle
+		if n == 0 && round > 0 {
+			// let exits and re-parenting settle (a first round that only
+			// met new targets is retried at once)
+			time.Sleep(100 * time.Microsecond)
 		}
 	}
 	if res.killed == 0 {
@@ -371,6 +374,6 @@ func sweep(mode SweepMode, procRoot string) sweepResult {
 		if time.Now().After(deadline) {
 			return res
 		}
-		time.Sleep(time.Millisecond)
+		time.Sleep(100 * time.Microsecond)
 	}
 }
