@@ -577,3 +577,40 @@ open("blob.bin", "wb").write(bytes(range(256)))
 	mustToolError(t, callTool(t, c, "read_artifact", map[string]any{"session_id": r.SessionID, "path": "missing.txt"}), "FILE_NOT_FOUND")
 	mustToolError(t, callTool(t, c, "read_artifact", map[string]any{"session_id": r.SessionID, "path": "../../etc/passwd"}), "PATH_TRAVERSAL")
 }
+
+// TestZombieLeaderThreadsDoNotSurvive: a process whose main thread exited
+// (so it looks like a zombie) while another thread runs on must not outlive
+// the run. Two mechanisms ensure it (the agent's sweep signals zombie
+// leaders; the engine replaces a container left with extra processes), so
+// this guards the property, not either one alone.
+func TestZombieLeaderThreadsDoNotSurvive(t *testing.T) {
+	b := engineBroker(t, nil)
+	c := b.Client(t, testToken)
+	spawn := `
+import ctypes, os, threading, time
+libc = ctypes.CDLL(None)
+if os.fork() == 0:
+    os.setsid()
+    libc.prctl(15, b"zombieleader", 0, 0, 0)  # PR_SET_NAME, inherited by new threads
+    threading.Thread(target=lambda: time.sleep(1000)).start()
+    libc.pthread_exit(None)
+time.sleep(0.3)
+print("spawned")
+`
+	r, _ := run(t, c, map[string]any{"language": "python", "code": spawn})
+	if strings.TrimSpace(r.Stdout) != "spawned" {
+		t.Fatalf("spawn: %+v", r)
+	}
+	check := `
+import glob
+names = []
+for f in glob.glob("/proc/[0-9]*/task/[0-9]*/comm"):
+    try: names.append(open(f).read().strip())
+    except OSError: pass
+print(names.count("zombieleader"))
+`
+	r2, _ := run(t, c, map[string]any{"session_id": r.SessionID, "language": "python", "code": check})
+	if strings.TrimSpace(r2.Stdout) != "0" {
+		t.Fatalf("threads of a zombie leader survived the run: %+v", r2)
+	}
+}

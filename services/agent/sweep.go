@@ -307,6 +307,11 @@ func sweep(mode SweepMode, procRoot string) sweepResult {
 				quiet = false
 			}
 			if p.state == 'Z' || p.state == 'X' {
+				// A zombie leader can still have live threads: SIGKILL to
+				// the thread group ends them (and is harmless otherwise).
+				if kill && !exiting[k] && syscall.Kill(p.pid, syscall.SIGKILL) == nil {
+					exiting[k] = true
+				}
 				if p.ppid == self && !managed[p.pid] {
 					var ws syscall.WaitStatus
 					_, _ = syscall.Wait4(p.pid, &ws, syscall.WNOHANG, nil)
@@ -314,8 +319,9 @@ func sweep(mode SweepMode, procRoot string) sweepResult {
 				continue
 			}
 			if !kill {
-				// Killed and already in exit: it runs no user code again.
-				if signalled[k] && p.flags&pfExiting == 0 {
+				// Killed and already in exit, it runs no user code again;
+				// still wait for our own children, to reap them.
+				if signalled[k] && (p.flags&pfExiting == 0 || p.ppid == self) {
 					n++
 				}
 				continue
