@@ -12,8 +12,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -380,10 +380,10 @@ type ctr struct {
 	id       string // our ID: container name suffix, run dir name
 	dockerID string
 	lang     string
-	img      string // image ID
-	runDir   string // host <Root>/run/<id>
-	poolDir  string // host <Root>/pool/<id> while pooled, "" otherwise
-	baseline int    // processes in the container once the agent was ready
+	img      string       // image ID
+	runDir   string       // host <Root>/run/<id>
+	poolDir  string       // host <Root>/pool/<id> while pooled, "" otherwise
+	infra    map[int]bool // host PIDs in the container once the agent was ready
 }
 
 func (c *ctr) socket() string { return filepath.Join(c.runDir, agent.SocketName) }
@@ -572,7 +572,10 @@ func (e *Engine) startContainer(ctx context.Context, r runnerImage, workspaceDir
 		e.log.Warn().Err(err).Str("container", shortID(c.dockerID)).Str("state", st).Msg("sandbox agent not ready")
 		return fail(brokererr.Wrap(err, brokererr.Unavailable, "the %s sandbox did not become ready", r.Language))
 	}
-	c.baseline = e.processCount(c)
+	c.infra = map[int]bool{}
+	for _, pid := range e.containerPIDs(c) {
+		c.infra[pid] = true
+	}
 	return c, nil
 }
 
@@ -633,12 +636,40 @@ func (e *Engine) oomKills(c *ctr) int64 {
 	return -1
 }
 
-// processCount returns how many processes are in the container's cgroup,
-// or -1 when it cannot tell.
-func (e *Engine) processCount(c *ctr) int {
+// containerPIDs lists the host PIDs in the container's cgroup (nil when it
+// cannot tell).
+func (e *Engine) containerPIDs(c *ctr) []int {
 	b, err := os.ReadFile(filepath.Join(cgroupRoot, "pids", "docker", c.dockerID, "cgroup.procs"))
 	if err != nil {
-		return -1
+		return nil
 	}
-	return len(slices.DeleteFunc(strings.Split(string(b), "\n"), func(s string) bool { return s == "" }))
+	var out []int
+	for _, f := range strings.Fields(string(b)) {
+		if pid, err := strconv.Atoi(f); err == nil {
+			out = append(out, pid)
+		}
+	}
+	return out
+}
+
+// procStat is the part of /proc/<pid>/stat the stray check needs.
+type procStat struct{ ppid, sid int }
+
+func readProcStat(pid int) (procStat, bool) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return procStat{}, false
+	}
+	// The command name is in parentheses and may contain anything.
+	i := strings.LastIndexByte(string(b), ')')
+	if i < 0 {
+		return procStat{}, false
+	}
+	f := strings.Fields(string(b[i+1:])) // state ppid pgrp session ...
+	if len(f) < 4 {
+		return procStat{}, false
+	}
+	ppid, err1 := strconv.Atoi(f[1])
+	sid, err2 := strconv.Atoi(f[3])
+	return procStat{ppid, sid}, err1 == nil && err2 == nil
 }

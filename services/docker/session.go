@@ -177,13 +177,43 @@ func (e *Engine) wasOOMKilled(ctx context.Context, c *ctr, before int64) bool {
 	return err == nil && ins.State != nil && ins.State.OOMKilled
 }
 
-// hasStrays reports processes left in the container after a run.
+// hasStrays reports processes left in the container after a run, read from
+// the host's /proc rather than from the (untrusted) agent. Allowed are the
+// processes present once the agent was ready, at most one session-leading
+// child of them (the Python zygote, which may start later), and children
+// that stay in that zygote's session (its idle spare). Every run gets a
+// session of its own, so anything it leaves behind fails these rules.
 func (e *Engine) hasStrays(c *ctr) bool {
-	if c.baseline <= 0 {
-		return false
+	pids := e.containerPIDs(c)
+	if pids == nil || c.infra == nil {
+		return false // cannot tell (no cgroup v1 pids controller visible)
 	}
-	n := e.processCount(c)
-	return n > c.baseline
+	stats := make(map[int]procStat, len(pids))
+	for _, pid := range pids {
+		if st, ok := readProcStat(pid); ok {
+			stats[pid] = st
+		}
+	}
+	zygote := 0
+	for pid, st := range stats {
+		if !c.infra[pid] && c.infra[st.ppid] && st.sid == pid {
+			if zygote != 0 {
+				return true
+			}
+			zygote = pid
+		}
+	}
+	for pid, st := range stats {
+		parent, ok := stats[st.ppid]
+		switch {
+		case c.infra[pid], pid == zygote:
+		case ok && (c.infra[st.ppid] || st.ppid == zygote) && st.sid == parent.sid && st.sid == st.ppid:
+			// a child still in its session-leading parent's session: a spare
+		default:
+			return true
+		}
+	}
+	return false
 }
 
 // killAndRemove removes c in the background (SIGKILL + force remove).
