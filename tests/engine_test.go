@@ -601,13 +601,17 @@ print("spawned")
 	if strings.TrimSpace(r.Stdout) != "spawned" {
 		t.Fatalf("spawn: %+v", r)
 	}
+	// Live threads only: an unreaped zombie runs no code.
 	check := `
 import glob
-names = []
-for f in glob.glob("/proc/[0-9]*/task/[0-9]*/comm"):
-    try: names.append(open(f).read().strip())
-    except OSError: pass
-print(names.count("zombieleader"))
+live = 0
+for d in glob.glob("/proc/[0-9]*/task/[0-9]*"):
+    try:
+        st = open(d + "/stat").read()
+        if open(d + "/comm").read().strip() == "zombieleader" and st[st.rindex(")") + 2] not in "ZX":
+            live += 1
+    except (OSError, ValueError): pass
+print(live)
 `
 	r2, _ := run(t, c, map[string]any{"session_id": r.SessionID, "language": "python", "code": check})
 	if strings.TrimSpace(r2.Stdout) != "0" {

@@ -380,10 +380,9 @@ type ctr struct {
 	id       string // our ID: container name suffix, run dir name
 	dockerID string
 	lang     string
-	img      string       // image ID
-	runDir   string       // host <Root>/run/<id>
-	poolDir  string       // host <Root>/pool/<id> while pooled, "" otherwise
-	infra    map[int]bool // host PIDs in the container once the agent was ready
+	img      string // image ID
+	runDir   string // host <Root>/run/<id>
+	poolDir  string // host <Root>/pool/<id> while pooled, "" otherwise
 }
 
 func (c *ctr) socket() string { return filepath.Join(c.runDir, agent.SocketName) }
@@ -572,9 +571,15 @@ func (e *Engine) startContainer(ctx context.Context, r runnerImage, workspaceDir
 		e.log.Warn().Err(err).Str("container", shortID(c.dockerID)).Str("state", st).Msg("sandbox agent not ready")
 		return fail(brokererr.Wrap(err, brokererr.Unavailable, "the %s sandbox did not become ready", r.Language))
 	}
-	c.infra = map[int]bool{}
-	for _, pid := range e.containerPIDs(c) {
-		c.infra[pid] = true
+	if r.Language == agent.LangPython {
+		// Runs need the zygote in place: it must exist before a run's
+		// session snapshot (see hasStrays), and a new session's first run
+		// then pays no import cost.
+		wctx, cancel := context.WithTimeout(ctx, e.o.ReadyTimeout)
+		if err := waitWarm(wctx, c.socket()); err != nil {
+			e.log.Warn().Str("container", shortID(c.dockerID)).Msg("zygote_not_warm")
+		}
+		cancel()
 	}
 	return c, nil
 }
@@ -652,24 +657,46 @@ func (e *Engine) containerPIDs(c *ctr) []int {
 	return out
 }
 
-// procStat is the part of /proc/<pid>/stat the stray check needs.
-type procStat struct{ ppid, sid int }
+// sessions returns the session IDs of every thread in the container, read
+// from the host's /proc (nil when it cannot tell). Threads, not processes:
+// cgroup.procs omits a process whose leader thread exited while its other
+// threads run on.
+func (e *Engine) sessions(c *ctr) map[int]bool {
+	b, err := os.ReadFile(filepath.Join(cgroupRoot, "pids", "docker", c.dockerID, "tasks"))
+	if err != nil {
+		return nil
+	}
+	var pids []int
+	for _, f := range strings.Fields(string(b)) {
+		if tid, err := strconv.Atoi(f); err == nil {
+			pids = append(pids, tid)
+		}
+	}
+	out := make(map[int]bool, len(pids))
+	for _, pid := range pids {
+		if sid, ok := liveSessionID(pid); ok {
+			out[sid] = true
+		}
+	}
+	return out
+}
 
-func readProcStat(pid int) (procStat, bool) {
+// liveSessionID reads the session field of /proc/<tid>/stat (any thread ID
+// works there); dead (zombie) threads run no code and are skipped.
+func liveSessionID(pid int) (int, bool) {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 	if err != nil {
-		return procStat{}, false
+		return 0, false
 	}
 	// The command name is in parentheses and may contain anything.
 	i := strings.LastIndexByte(string(b), ')')
 	if i < 0 {
-		return procStat{}, false
+		return 0, false
 	}
 	f := strings.Fields(string(b[i+1:])) // state ppid pgrp session ...
-	if len(f) < 4 {
-		return procStat{}, false
+	if len(f) < 4 || f[0] == "Z" || f[0] == "X" {
+		return 0, false
 	}
-	ppid, err1 := strconv.Atoi(f[1])
-	sid, err2 := strconv.Atoi(f[3])
-	return procStat{ppid, sid}, err1 == nil && err2 == nil
+	sid, err := strconv.Atoi(f[3])
+	return sid, err == nil
 }

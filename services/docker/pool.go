@@ -9,7 +9,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/sandbox-broker/sandbox-broker/services/agent"
 	"github.com/sandbox-broker/sandbox-broker/services/sandbox"
 )
 
@@ -139,16 +138,6 @@ func (e *Engine) newPoolContainer(ctx context.Context, lang string) (*ctr, error
 		return nil, err
 	}
 	c.poolDir = dir
-	if lang == agent.LangPython {
-		// Offer the container only once its zygote has preloaded pandas,
-		// so a new session's first run pays no import cost.
-		wctx, cancel := context.WithTimeout(ctx, e.o.ReadyTimeout)
-		err := waitWarm(wctx, c.socket())
-		cancel()
-		if err != nil {
-			e.log.Warn().Str("container", shortID(c.dockerID)).Msg("zygote_not_warm")
-		}
-	}
 	return c, nil
 }
 

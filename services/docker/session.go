@@ -96,6 +96,7 @@ func (s *Session) Exec(ctx context.Context, req sandbox.ExecRequest) (sandbox.Ex
 		return sandbox.ExecResult{}, err
 	}
 	oomBefore := e.oomKills(c)
+	sessionsBefore := e.sessions(c)
 	rctx, cancel := context.WithTimeout(ctx, timeout+hardStopMargin)
 	stopWatch := s.watchQuota(rctx, w, c)
 	start := time.Now()
@@ -158,7 +159,7 @@ func (s *Session) Exec(ctx context.Context, req sandbox.ExecRequest) (sandbox.Ex
 	// A run that timed out or hit the OOM killer may have left the
 	// container in a bad state (stray processes, half-written /tmp): the
 	// next run gets a fresh container. Files in the workspace stay.
-	if res.TimedOut || res.OOMKilled || e.hasStrays(c) {
+	if res.TimedOut || res.OOMKilled || e.hasStrays(c, sessionsBefore) {
 		delete(s.ctrs, r.Language)
 		e.killAndRemove(c)
 	}
@@ -177,39 +178,17 @@ func (e *Engine) wasOOMKilled(ctx context.Context, c *ctr, before int64) bool {
 	return err == nil && ins.State != nil && ins.State.OOMKilled
 }
 
-// hasStrays reports processes left in the container after a run, read from
-// the host's /proc rather than from the (untrusted) agent. Allowed are the
-// processes present once the agent was ready, at most one session-leading
-// child of them (the Python zygote, which may start later), and children
-// that stay in that zygote's session (its idle spare). Every run gets a
-// session of its own, so anything it leaves behind fails these rules.
-func (e *Engine) hasStrays(c *ctr) bool {
-	pids := e.containerPIDs(c)
-	if pids == nil || c.infra == nil {
+// hasStrays reports processes left after a run, read from the host's /proc
+// rather than from the (untrusted) agent. Every run starts in a session of
+// its own, while the container's infrastructure (init, agent, zygote and
+// its idle spare) lives in sessions that existed before the run; so any
+// process in a session absent from before is something the run left.
+func (e *Engine) hasStrays(c *ctr, before map[int]bool) bool {
+	if before == nil {
 		return false // cannot tell (no cgroup v1 pids controller visible)
 	}
-	stats := make(map[int]procStat, len(pids))
-	for _, pid := range pids {
-		if st, ok := readProcStat(pid); ok {
-			stats[pid] = st
-		}
-	}
-	zygote := 0
-	for pid, st := range stats {
-		if !c.infra[pid] && c.infra[st.ppid] && st.sid == pid {
-			if zygote != 0 {
-				return true
-			}
-			zygote = pid
-		}
-	}
-	for pid, st := range stats {
-		parent, ok := stats[st.ppid]
-		switch {
-		case c.infra[pid], pid == zygote:
-		case ok && (c.infra[st.ppid] || st.ppid == zygote) && st.sid == parent.sid && st.sid == st.ppid:
-			// a child still in its session-leading parent's session: a spare
-		default:
+	for sid := range e.sessions(c) {
+		if !before[sid] {
 			return true
 		}
 	}
