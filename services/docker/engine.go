@@ -682,7 +682,9 @@ func (e *Engine) sessions(c *ctr) map[int]bool {
 }
 
 // liveSessionID reads the session field of /proc/<tid>/stat (any thread ID
-// works there); dead (zombie) threads run no code and are skipped.
+// works there). Threads that run no code again are skipped: zombies, and
+// threads already in exit (PF_EXITING), such as a run that reported its
+// status just before its teardown finished.
 func liveSessionID(pid int) (int, bool) {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 	if err != nil {
@@ -693,8 +695,12 @@ func liveSessionID(pid int) (int, bool) {
 	if i < 0 {
 		return 0, false
 	}
-	f := strings.Fields(string(b[i+1:])) // state ppid pgrp session ...
-	if len(f) < 4 || f[0] == "Z" || f[0] == "X" {
+	f := strings.Fields(string(b[i+1:])) // state ppid pgrp session tty tpgid flags ...
+	if len(f) < 7 || f[0] == "Z" || f[0] == "X" {
+		return 0, false
+	}
+	const pfExiting = 0x4
+	if flags, err := strconv.ParseUint(f[6], 10, 64); err != nil || flags&pfExiting != 0 {
 		return 0, false
 	}
 	sid, err := strconv.Atoi(f[3])

@@ -189,6 +189,7 @@ func (e *Engine) hasStrays(c *ctr, before map[int]bool) bool {
 	}
 	for sid := range e.sessions(c) {
 		if !before[sid] {
+			e.log.Info().Str("container", shortID(c.dockerID)).Int("session", sid).Int("sessions_before", len(before)).Msg("sandbox_strays_found")
 			return true
 		}
 	}
