@@ -641,22 +641,6 @@ func (e *Engine) oomKills(c *ctr) int64 {
 	return -1
 }
 
-// containerPIDs lists the host PIDs in the container's cgroup (nil when it
-// cannot tell).
-func (e *Engine) containerPIDs(c *ctr) []int {
-	b, err := os.ReadFile(filepath.Join(cgroupRoot, "pids", "docker", c.dockerID, "cgroup.procs"))
-	if err != nil {
-		return nil
-	}
-	var out []int
-	for _, f := range strings.Fields(string(b)) {
-		if pid, err := strconv.Atoi(f); err == nil {
-			out = append(out, pid)
-		}
-	}
-	return out
-}
-
 // sessions returns the session IDs of every thread in the container, read
 // from the host's /proc (nil when it cannot tell). Threads, not processes:
 // cgroup.procs omits a process whose leader thread exited while its other
