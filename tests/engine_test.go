@@ -580,9 +580,9 @@ open("blob.bin", "wb").write(bytes(range(256)))
 
 // TestZombieLeaderThreadsDoNotSurvive: a process whose main thread exited
 // (so it looks like a zombie) while another thread runs on must not outlive
-// the run. Two mechanisms ensure it (the agent's sweep signals zombie
-// leaders; the engine replaces a container left with extra processes), so
-// this guards the property, not either one alone.
+// the run. The agent's sweep skips zombies, so this is the broker's
+// host-side check at work: it sees the live thread in a new session and
+// replaces the container.
 func TestZombieLeaderThreadsDoNotSurvive(t *testing.T) {
 	b := engineBroker(t, nil)
 	c := b.Client(t, testToken)

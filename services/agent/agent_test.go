@@ -402,9 +402,17 @@ func TestZygote(t *testing.T) {
 		// The run kills its own zygote: the run still completes with its
 		// status (the orphan is re-parented to the agent) and a new zygote
 		// comes up.
-		resp := ta.run(t, py("import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\nprint('survived')\nraise SystemExit(5)"))
+		// Kill the zygote by pid, not via getppid(): under load the run
+		// may fall back to a direct spawn whose parent is this test binary.
+		// The marker file proves the code ran exactly once: a zygote that
+		// dies before the agent learns the child's pid must not lead to the
+		// fallback running the code a second time.
+		resp := ta.run(t, py(fmt.Sprintf("import os, signal\nopen('runs.txt', 'a').write('x')\nos.kill(%d, signal.SIGKILL)\nprint('survived')\nraise SystemExit(5)", zpid)))
 		if string(resp.Stdout) != "survived\n" || resp.ExitCode != 5 {
 			t.Fatalf("got %+v", resp)
+		}
+		if b, err := os.ReadFile(filepath.Join(ta.workDir, "runs.txt")); err != nil || string(b) != "x" {
+			t.Fatalf("the code ran %q times (want exactly once): %v", b, err)
 		}
 		newPID := ta.zygotePID(t)
 		if newPID == zpid {

@@ -307,11 +307,6 @@ func sweep(mode SweepMode, procRoot string) sweepResult {
 				quiet = false
 			}
 			if p.state == 'Z' || p.state == 'X' {
-				// A zombie leader can still have live threads: SIGKILL to
-				// the thread group ends them (and is harmless otherwise).
-				if kill && !exiting[k] && syscall.Kill(p.pid, syscall.SIGKILL) == nil {
-					exiting[k] = true
-				}
 				if p.ppid == self && !managed[p.pid] {
 					var ws syscall.WaitStatus
 					_, _ = syscall.Wait4(p.pid, &ws, syscall.WNOHANG, nil)

@@ -145,6 +145,11 @@ def _spare(chan, zygote_pid):
     _prctl(1, 0)  # the run outlives a dying zygote
     try:
         chan.send(b"ok")
+        # Run nothing until the agent knows this pid: if the zygote dies
+        # first, the agent falls back to running the code itself, and the
+        # code must not have started here too.
+        if chan.recv(1) != b"g":
+            os._exit(0)
     except OSError:
         os._exit(0)
     for i, fd in enumerate(fds[:3]):
@@ -396,7 +401,12 @@ def _serve():
         try:
             ctrl.send(json.dumps({"pid": pid}).encode())
         except OSError:
-            pass
+            z.kill(pid, chan)  # the agent is gone: the job must not run
+            return
+        try:
+            chan.send(b"g")  # the agent has the pid: the child may run
+        except OSError:
+            pass  # the child died; wait() reports it
         res, early = z.wait(pid, chan)
         chan.close()
         try:
