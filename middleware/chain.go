@@ -8,6 +8,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"runtime/debug"
 	"time"
@@ -106,7 +107,11 @@ func (d Deps) sanitize(next server.ToolHandlerFunc) server.ToolHandlerFunc {
 // ErrorResult renders err as {error, message, retryable, retry_after_s?}.
 func ErrorResult(r *redact.Redactor, err error) *mcp.CallToolResult {
 	e := brokererr.As(err)
-	if e == nil {
+	switch {
+	case e != nil:
+	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		e = brokererr.New(brokererr.Unavailable, "the call was cancelled or timed out")
+	default:
 		e = brokererr.New(brokererr.InternalError, "internal error")
 	}
 	body := map[string]any{

@@ -542,3 +542,41 @@ func grepLines(s, sub string) string {
 	}
 	return strings.Join(out, "\n")
 }
+
+// TestInitializeFloodEvictsOnlyTheFlooder: one principal opening sessions in
+// a loop loses its own oldest sessions, never another principal's.
+func TestInitializeFloodEvictsOnlyTheFlooder(t *testing.T) {
+	tokens, tok := writeTokens(t, map[string]string{"alice": "pro", "mallory": "pro"})
+	b := StartHTTP(t, BrokerOpts{Env: map[string]string{"MCP_TOKENS_FILE": tokens}})
+	initialize := func(token string) string {
+		req, _ := http.NewRequest(http.MethodPost, b.URL+"/mcp", strings.NewReader(
+			`{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"f","version":"1"}}}`))
+		req.Header.Set("Authorization", "Bearer "+token)
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Accept", "application/json, text/event-stream")
+		resp := do(t, req)
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("initialize: %d", resp.StatusCode)
+		}
+		return resp.Header.Get("Mcp-Session-Id")
+	}
+	list := func(token, sid string) int {
+		req, _ := http.NewRequest(http.MethodPost, b.URL+"/mcp", strings.NewReader(`{"jsonrpc":"2.0","id":2,"method":"tools/list"}`))
+		req.Header.Set("Authorization", "Bearer "+token)
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Accept", "application/json, text/event-stream")
+		req.Header.Set("Mcp-Session-Id", sid)
+		return do(t, req).StatusCode
+	}
+	alice := initialize(tok["alice"])
+	first := initialize(tok["mallory"])
+	for i := 0; i < 120; i++ {
+		initialize(tok["mallory"])
+	}
+	if code := list(tok["alice"], alice); code != http.StatusOK {
+		t.Fatalf("alice's session was evicted by mallory's flood: %d", code)
+	}
+	if code := list(tok["mallory"], first); code != http.StatusNotFound {
+		t.Fatalf("mallory's oldest session should have been evicted: %d", code)
+	}
+}

@@ -136,3 +136,19 @@ func TestTokensPrintedBySandboxCodeAreRedacted(t *testing.T) {
 		t.Error("no redaction marker in the result")
 	}
 }
+
+// TestHostPathsNeverReturned: under runc a sandbox can read its mount table,
+// which names the host directories behind its bind mounts; the broker's root
+// must not reach the client that way.
+func TestHostPathsNeverReturned(t *testing.T) {
+	b := engineBroker(t, nil)
+	c := b.Client(t, testToken)
+	res := callTool(t, c, "run_code", map[string]any{"language": "bash", "code": "cat /proc/self/mountinfo"})
+	j, _ := json.Marshal(res)
+	if !strings.Contains(string(j), "/mnt/data") {
+		t.Fatalf("probe did not print the mount table: %.300s", j)
+	}
+	if strings.Contains(string(j), b.Root) {
+		t.Fatalf("the broker's host root %q appears in a tool result", b.Root)
+	}
+}

@@ -51,7 +51,7 @@ func stripEscapes(s string) string {
 				i = skipCSI(s, i+size)
 				continue
 			}
-			if r >= 0x80 && r <= 0x9f || r == '\u202e' || r == '\u202d' || r == '\u2066' || r == '\u2067' || r == '\u2068' || r == '\u2069' {
+			if r >= 0x80 && r <= 0x9f || r >= 0x202a && r <= 0x202e || r >= 0x2066 && r <= 0x2069 {
 				// C1 controls and bidi overrides are dropped.
 				i += size
 				continue

@@ -135,6 +135,11 @@ func (r *Redactor) once(s string) string {
 	if r.hasSecret {
 		s = r.replaceSecrets(s)
 	}
+	if r.hasPaths {
+		// Known host roots never leave the server, e.g. via a sandbox
+		// printing /proc/self/mountinfo.
+		s = r.paths.Replace(s)
+	}
 	if !containsAny(s, tokenHints) && !containsAnyFold(s, foldHints) {
 		return s
 	}

@@ -10,6 +10,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"sync"
 	"time"
 
 	"github.com/mark3labs/mcp-go/server"
@@ -48,7 +49,9 @@ type Broker struct {
 	sandboxes *sessions.Manager
 	signer    *files.Signer
 	stop      context.CancelFunc // ends background loops
+	loops     sync.WaitGroup     // background loops, waited for on Close
 	poolStats func() map[string]int
+	health    healthCache
 }
 
 // Options are what the caller supplies besides Config.
@@ -151,11 +154,12 @@ func (b *Broker) newMCPServer() *server.MCPServer {
 		server.WithResourceCapabilities(false, false),
 		server.WithInstructions("sandbox-broker runs code in hardened sandboxes. Call get_usage to see your limits."),
 	}
+	// Outermost, as a last resort: a panic in the chain itself becomes a
+	// JSON-RPC error, not a crash (handler panics are caught inside).
+	opts = append(opts, server.WithRecovery())
 	for _, mw := range chain {
 		opts = append(opts, server.WithToolHandlerMiddleware(mw))
 	}
-	// Last resort: a panic outside our chain becomes a JSON-RPC error, not a crash.
-	opts = append(opts, server.WithRecovery())
 	s := server.NewMCPServer("sandbox-broker", b.version, opts...)
 	for _, t := range b.tools {
 		s.AddTool(t.Tool, t.Handler)
@@ -173,6 +177,7 @@ func (b *Broker) Close() error {
 	if b.stop != nil {
 		b.stop()
 	}
+	b.loops.Wait() // the reaper must not touch stores being closed
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	if b.sandboxes != nil {

@@ -91,7 +91,11 @@ func (b *Broker) openEngine(ctx context.Context, cfg config.Config) error {
 	b.checks = append(b.checks, check{"sessions", b.sandboxes.Ping})
 	loops, stop := context.WithCancel(context.Background())
 	b.stop = stop
-	go b.sandboxes.RunReaper(loops, reapEvery(time.Duration(cfg.IdleTimeoutMS)*time.Millisecond))
+	b.loops.Add(1)
+	go func() {
+		defer b.loops.Done()
+		b.sandboxes.RunReaper(loops, reapEvery(time.Duration(cfg.IdleTimeoutMS)*time.Millisecond))
+	}()
 	return nil
 }
 

@@ -3,6 +3,7 @@ package broker
 import (
 	"context"
 	"encoding/json"
+	"sync"
 	"time"
 
 	"github.com/mark3labs/mcp-go/mcp"
@@ -28,8 +29,30 @@ type Health struct {
 	Pool map[string]int `json:"pool,omitempty"`
 }
 
-// Health runs every component check with a short timeout.
+// healthCache keeps the last result for a second: /readyz needs no token,
+// and a flood of it must not turn into a flood of Docker and SQLite pings.
+type healthCache struct {
+	mu   sync.Mutex
+	at   time.Time
+	last Health
+}
+
+// Health runs every component check with a short timeout, at most once a
+// second.
 func (b *Broker) Health(ctx context.Context) Health {
+	b.health.mu.Lock()
+	defer b.health.mu.Unlock()
+	if time.Since(b.health.at) < time.Second {
+		h := b.health.last
+		h.UptimeS = int64(time.Since(b.started) / time.Second)
+		return h
+	}
+	h := b.checkHealth(ctx)
+	b.health.at, b.health.last = time.Now(), h
+	return h
+}
+
+func (b *Broker) checkHealth(ctx context.Context) Health {
 	h := Health{Status: "ok", Version: b.version, UptimeS: int64(time.Since(b.started) / time.Second), Components: map[string]string{}}
 	for _, c := range b.checks {
 		cctx, cancel := context.WithTimeout(ctx, 2*time.Second)

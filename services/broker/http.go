@@ -29,8 +29,8 @@ import (
 //	/metrics           Prometheus, bearer auth
 func (b *Broker) HTTPHandler() http.Handler {
 	mcpHTTP := server.NewStreamableHTTPServer(b.mcp,
-		server.WithStateful(true),
-		server.WithSessionIdleTTL(time.Hour),
+		server.WithSessionIdManager(newSessionIDs()),
+		server.WithSessionIdleTTL(sessionIdleTTL),
 		server.WithHeartbeatInterval(25*time.Second),
 		server.WithStreamableHTTPLogger(logging.Slog(logging.Component(b.log, "mcp_http"))),
 		server.WithHTTPContextFunc(func(ctx context.Context, r *http.Request) context.Context {

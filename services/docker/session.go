@@ -117,24 +117,25 @@ func (s *Session) Exec(ctx context.Context, req sandbox.ExecRequest) (sandbox.Ex
 		// The agent is gone, hung or the caller gave up: this container's
 		// state is unknown, so it goes; the next Exec starts a new one.
 		delete(s.ctrs, r.Language)
-		e.killAndRemove(c)
+		e.removeAsync(c)
 		switch {
 		case hardStop:
 			e.log.Warn().Str("container", shortID(c.dockerID)).Dur("timeout", timeout).Msg("sandbox missed its deadline; killed")
 			return sandbox.ExecResult{TimedOut: true, Duration: dur, ExitCode: -1, Signal: "SIGKILL"},
 				brokererr.New(brokererr.SandboxTimeout, "the code did not finish within %s and the sandbox was killed", timeout)
 		case ctx.Err() != nil:
-			return sandbox.ExecResult{}, ctx.Err()
+			// Billed too: dropping the connection must not make a run free.
+			return sandbox.ExecResult{Duration: dur}, brokererr.Wrap(ctx.Err(), brokererr.Unavailable, "the call was cancelled")
 		}
 		e.log.Warn().Err(err).Str("container", shortID(c.dockerID)).Msg("sandbox agent unreachable")
-		return sandbox.ExecResult{}, brokererr.Wrap(err, brokererr.Unavailable, "the %s sandbox stopped responding; it will be restarted on the next call", r.Language)
+		return sandbox.ExecResult{Duration: dur}, brokererr.Wrap(err, brokererr.Unavailable, "the %s sandbox stopped responding; it will be restarted on the next call", r.Language)
 	}
 	if resp.Error != "" {
 		msg := resp.Error
 		if len(msg) > 300 {
 			msg = msg[:300] + "…"
 		}
-		return sandbox.ExecResult{}, brokererr.New(brokererr.Unavailable, "the sandbox could not run the code: %s", msg)
+		return sandbox.ExecResult{Duration: dur}, brokererr.New(brokererr.Unavailable, "the sandbox could not run the code: %s", msg)
 	}
 	res := sandbox.ExecResult{
 		ExitCode:  resp.ExitCode,
@@ -143,10 +144,8 @@ func (s *Session) Exec(ctx context.Context, req sandbox.ExecRequest) (sandbox.Ex
 		Stderr:    resp.Stderr,
 		Truncated: resp.Truncated,
 		TimedOut:  resp.TimedOut,
-		Duration:  time.Duration(resp.DurationMS) * time.Millisecond,
-	}
-	if res.Duration <= 0 {
-		res.Duration = dur
+		// Billed by the host's clock: the agent's own figure is untrusted.
+		Duration: dur,
 	}
 	if after, err := w.Snapshot(); err == nil {
 		for _, p := range workspace.Changed(before, after) {
@@ -161,7 +160,7 @@ func (s *Session) Exec(ctx context.Context, req sandbox.ExecRequest) (sandbox.Ex
 	// next run gets a fresh container. Files in the workspace stay.
 	if res.TimedOut || res.OOMKilled || e.hasStrays(c, sessionsBefore) {
 		delete(s.ctrs, r.Language)
-		e.killAndRemove(c)
+		e.removeAsync(c)
 	}
 	return res, nil
 }
@@ -195,9 +194,6 @@ func (e *Engine) hasStrays(c *ctr, before map[int]bool) bool {
 	}
 	return false
 }
-
-// killAndRemove removes c in the background (SIGKILL + force remove).
-func (e *Engine) killAndRemove(c *ctr) { e.removeAsync(c) }
 
 func (s *Session) openWorkspace(create bool) (*workspace.Workspace, error) {
 	if create {
@@ -255,7 +251,7 @@ func (s *Session) quotaExceeded(w *workspace.Workspace, before map[string]worksp
 		}
 	}
 	delete(s.ctrs, lang)
-	s.e.killAndRemove(c)
+	s.e.removeAsync(c)
 	l := w.Limits()
 	return sandbox.ExecResult{Duration: dur, ExitCode: -1}, brokererr.New(brokererr.QuotaExceeded,
 		"the workspace exceeded its quota (%d files, %d MiB); the run was stopped and the files it wrote were removed", l.MaxFiles, l.MaxBytes>>20)
@@ -353,10 +349,12 @@ func (s *Session) Release(ctx context.Context) error {
 func (s *Session) Destroy(ctx context.Context) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.destroyed = true
 	if err := s.removeAll(ctx); err != nil {
 		return brokererr.Wrap(err, brokererr.Unavailable, "cannot remove the sandbox containers")
 	}
+	// Destroyed only once the containers are gone, so a failed attempt
+	// leaves a session that can still be used or destroyed again.
+	s.destroyed = true
 	if err := os.RemoveAll(s.ref.Dir); err != nil {
 		return brokererr.Wrap(err, brokererr.InternalError, "cannot delete the workspace")
 	}

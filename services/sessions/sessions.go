@@ -56,6 +56,7 @@ type live struct {
 	mu      sync.Mutex // serialises calls within one session
 	sess    sandbox.Session
 	lastUse time.Time
+	gone    bool // released or destroyed while someone waited on mu
 }
 
 // Lease is exclusive use of one session until Release.
@@ -123,6 +124,9 @@ func (m *Manager) Close(ctx context.Context) error {
 	for _, l := range all {
 		l.mu.Lock()
 		_ = l.sess.Release(ctx)
+		m.mu.Lock()
+		l.gone = true
+		m.mu.Unlock()
 		l.mu.Unlock()
 	}
 	return m.db.Close()
@@ -162,6 +166,20 @@ func (m *Manager) Acquire(ctx context.Context, principal, id string, create bool
 	if !IDPattern.MatchString(id) {
 		return nil, brokererr.New(brokererr.InvalidInput, "session_id must match %s", IDPattern)
 	}
+	// A session released or destroyed while we waited for it is looked up
+	// again, so no call ever runs in a sandbox the manager has let go of.
+	for attempt := 0; attempt < 3; attempt++ {
+		lease, err := m.acquireOnce(ctx, principal, id, create)
+		if err != errStale {
+			return lease, err
+		}
+	}
+	return nil, brokererr.New(brokererr.Unavailable, "the session is changing; try again")
+}
+
+var errStale = errors.New("session entry went away while waiting")
+
+func (m *Manager) acquireOnce(ctx context.Context, principal, id string, create bool) (*Lease, error) {
 	wid, err := m.lookup(ctx, principal, id)
 	created := false
 	switch {
@@ -185,9 +203,16 @@ func (m *Manager) Acquire(ctx context.Context, principal, id string, create bool
 		return nil, err
 	}
 	l.mu.Lock()
+	m.mu.Lock()
+	current := m.live[wid] == l && !l.gone
+	m.mu.Unlock()
+	if !current {
+		l.mu.Unlock()
+		return nil, errStale
+	}
 	if ctx.Err() != nil {
 		l.mu.Unlock()
-		return nil, ctx.Err()
+		return nil, brokererr.Wrap(ctx.Err(), brokererr.Unavailable, "the call was cancelled")
 	}
 	return &Lease{ID: id, WorkspaceID: wid, Created: created, Session: l.sess, m: m, l: l}, nil
 }
@@ -262,20 +287,27 @@ func (m *Manager) Remove(ctx context.Context, principal, id string) error {
 	if err != nil {
 		return brokererr.Wrap(err, brokererr.Unavailable, "session store unavailable")
 	}
-	return m.destroy(ctx, principal, wid)
+	return m.destroy(ctx, principal, wid, true)
 }
 
-func (m *Manager) destroy(ctx context.Context, principal, wid string) error {
+// destroy deletes a session. With wait false (the reaper) a session in use
+// is skipped, so one long run cannot stall reaping for everyone.
+func (m *Manager) destroy(ctx context.Context, principal, wid string, wait bool) error {
 	l, err := m.attach(ctx, principal, wid)
 	if err != nil {
 		return err
 	}
-	l.mu.Lock()
+	if wait {
+		l.mu.Lock()
+	} else if !l.mu.TryLock() {
+		return nil
+	}
 	defer l.mu.Unlock()
 	if err := l.sess.Destroy(ctx); err != nil {
 		return err
 	}
 	m.mu.Lock()
+	l.gone = true
 	delete(m.live, wid)
 	m.mu.Unlock()
 	if _, err := m.db.ExecContext(ctx, `DELETE FROM sessions WHERE workspace_id = ?`, wid); err != nil {
@@ -314,7 +346,7 @@ func (m *Manager) Reap(ctx context.Context) {
 	}
 	rows.Close()
 	for _, e := range old {
-		if err := m.destroy(ctx, e.principal, e.wid); err != nil {
+		if err := m.destroy(ctx, e.principal, e.wid, false); err != nil {
 			m.o.Log.Warn().Str("workspace_id", e.wid).Msg("session_expire_failed")
 		}
 	}
@@ -336,6 +368,7 @@ func (m *Manager) releaseIdle(ctx context.Context, wid string, now time.Time) {
 		return
 	}
 	m.mu.Lock()
+	l.gone = true
 	delete(m.live, wid)
 	m.mu.Unlock()
 	m.o.Log.Info().Str("workspace_id", wid).Msg("session_idle_released")
