@@ -106,11 +106,9 @@ func ListArtifacts(e *Engine) ServerTool {
 			}
 			out := []FileRef{}
 			for _, f := range list {
-				u, _, err := e.URLs.URL(lease.WorkspaceID, f.Path)
-				if err != nil {
-					continue
+				if ref, ok := e.fileRef(lease.WorkspaceID, f); ok {
+					out = append(out, ref)
 				}
-				out = append(out, FileRef{Name: f.Path, Size: f.Size, MIME: workspace.DetectMIME(f.Path, nil), URL: u})
 			}
 			return jsonResult(map[string]any{"session_id": lease.ID, "files": out})
 		})

@@ -203,12 +203,12 @@ func (e *Engine) filesResult(ctx context.Context, lease *sessions.Lease, list []
 		if i >= maxFilesReported {
 			break
 		}
-		mime := workspace.DetectMIME(f.Path, nil)
-		u, _, err := e.URLs.URL(lease.WorkspaceID, f.Path)
-		if err != nil {
-			continue // a name the signer refuses is not offered
+		ref, ok := e.fileRef(lease.WorkspaceID, f)
+		if !ok {
+			continue
 		}
-		*refs = append(*refs, FileRef{Name: f.Path, Size: f.Size, MIME: mime, URL: u})
+		*refs = append(*refs, ref)
+		mime, u := ref.MIME, ref.URL
 		if isImage(mime) && f.Size <= maxInlineImage && images < maxInlineImages {
 			if file, err := lease.Session.ReadFile(ctx, f.Path, 0, maxInlineImage); err == nil {
 				res.Content = append(res.Content, mcp.NewImageContent(base64.StdEncoding.EncodeToString(file.Data), mime))
@@ -218,6 +218,16 @@ func (e *Engine) filesResult(ctx context.Context, lease *sessions.Lease, list []
 		res.Content = append(res.Content, mcp.NewResourceLink(u, path.Base(f.Path), fmt.Sprintf("%s (%d bytes)", f.Path, f.Size), mime))
 	}
 	return res, nil
+}
+
+// fileRef describes one workspace file with its signed link; a name the
+// signer refuses is not offered (ok false).
+func (e *Engine) fileRef(workspaceID string, f sandbox.FileInfo) (FileRef, bool) {
+	u, _, err := e.URLs.URL(workspaceID, f.Path)
+	if err != nil {
+		return FileRef{}, false
+	}
+	return FileRef{Name: f.Path, Size: f.Size, MIME: workspace.DetectMIME(f.Path, nil), URL: u}, true
 }
 
 func isImage(mime string) bool {
