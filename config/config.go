@@ -47,7 +47,8 @@ type Config struct {
 	ReadOnly           bool     `env:"MCP_READ_ONLY"`
 	MaxRequestBytes    int      `env:"MCP_MAX_REQUEST_BYTES" validate:"min=4096,max=268435456"`
 	// Sandbox engine.
-	Backend        string `env:"SANDBOX_BACKEND" validate:"oneof=docker none"`
+	// Backend "auto" picks docker when its daemon answers, else process.
+	Backend        string `env:"SANDBOX_BACKEND" validate:"oneof=auto docker process none"`
 	Runtime        string `env:"SANDBOX_RUNTIME" validate:"omitempty,oneof=runc runsc"`
 	TimeoutS       int    `env:"SANDBOX_TIMEOUT" validate:"min=1,max=3600"`
 	MaxTimeoutS    int    `env:"SANDBOX_MAX_TIMEOUT" validate:"min=1,max=3600,gtefield=TimeoutS"`
@@ -61,6 +62,20 @@ type Config struct {
 	MaxWorkspaceMB int64  `env:"SANDBOX_MAX_WORKSPACE_MB" validate:"min=1,max=1048576"`
 	FileURLTTLS    int64  `env:"FILE_URL_TTL_S" validate:"min=60,max=86400"`
 	FileSecretPrev Secret `env:"FILE_SECRET_PREVIOUS" validate:"omitempty,min=32,max=512"`
+	// Jobs (execute_code and friends).
+	MaxConcurrent  int   `env:"SANDBOX_MAX_CONCURRENT" validate:"min=1,max=1000"`
+	MaxPerSession  int   `env:"SANDBOX_MAX_PER_SESSION" validate:"min=1,max=100,ltefield=MaxConcurrent"`
+	JobLogMaxBytes int64 `env:"SANDBOX_JOB_LOG_MAX_BYTES" validate:"min=65536,max=1073741824"`
+	ProcessUID     int   `env:"SANDBOX_PROCESS_UID" validate:"min=1,max=4294967294"`
+	EgressMaxConns int   `env:"EGRESS_MAX_CONNS" validate:"min=1,max=10000"`
+	EgressMaxMB    int64 `env:"EGRESS_MAX_MB" validate:"min=1,max=1048576"`
+	// Hosted project sandboxes; without CSB_API_KEY projects run locally.
+	CSBAPIKey Secret `env:"CSB_API_KEY" validate:"omitempty,min=8,max=512,printascii"`
+	CSBAPIURL string `env:"CSB_API_URL" validate:"http_url"`
+	// GitHub: the repository allow-list; tokens come from the env variables
+	// or files each entry names.
+	GitHubReposFile string `env:"GITHUB_REPOS_FILE" validate:"omitempty,filepath"`
+	GitHubAPIURL    string `env:"GITHUB_API_URL" validate:"http_url"`
 }
 
 // Defaults are the embedded defaults: loopback HTTP, state under ./data.
@@ -74,7 +89,7 @@ func Defaults() Config {
 		LogLevel:        "info",
 		Toolsets:        []string{"all"},
 		MaxRequestBytes: 16 << 20,
-		Backend:         "docker",
+		Backend:         "auto",
 		TimeoutS:        60,
 		MaxTimeoutS:     600,
 		IdleTimeoutMS:   30 * 60 * 1000,
@@ -86,12 +101,20 @@ func Defaults() Config {
 		MaxFiles:        1000,
 		MaxWorkspaceMB:  512,
 		FileURLTTLS:     3600,
+		MaxConcurrent:   10,
+		MaxPerSession:   5,
+		JobLogMaxBytes:  8 << 20,
+		ProcessUID:      65534,
+		EgressMaxConns:  32,
+		EgressMaxMB:     256,
+		CSBAPIURL:       "https://api.codesandbox.io",
+		GitHubAPIURL:    "https://api.github.com/",
 	}
 }
 
 // SecretValues lists every configured secret, for the redactor.
 func (c Config) SecretValues() []string {
-	return []string{c.APIToken.Reveal(), c.FileSecret.Reveal(), c.FileSecretPrev.Reveal(), c.AuditHMACKey.Reveal()}
+	return []string{c.APIToken.Reveal(), c.FileSecret.Reveal(), c.FileSecretPrev.Reveal(), c.AuditHMACKey.Reveal(), c.CSBAPIKey.Reveal()}
 }
 
 // IsLoopback reports whether the HTTP listener binds only loopback.

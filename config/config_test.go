@@ -58,6 +58,11 @@ func TestEnvParsing(t *testing.T) {
 		"SANDBOX_IDLE_TIMEOUT_MS": "60000",
 		"SANDBOX_POOL_SIZE":       "0",
 		"FILE_SECRET_PREVIOUS":    fileSecret + "-old",
+		"SANDBOX_MAX_CONCURRENT":  "4",
+		"SANDBOX_MAX_PER_SESSION": "2",
+		"CSB_API_KEY":             "csb_v1_0123456789",
+		"CSB_API_URL":             "http://127.0.0.1:9/",
+		"GITHUB_REPOS_FILE":       "/etc/broker/repos.json",
 	}
 	c, err := Load(nil, envOf(env))
 	if err != nil {
@@ -71,6 +76,9 @@ func TestEnvParsing(t *testing.T) {
 		Toolsets: []string{"files", "sandbox"}, ReadOnly: true, MaxRequestBytes: 4096,
 		Backend: "none", TimeoutS: 30, MaxTimeoutS: 600, IdleTimeoutMS: 60000, MaxAgeS: 86400, PoolSize: 0,
 		MemoryMB: 512, CPUs: 1000, PidsLimit: 256, MaxFiles: 1000, MaxWorkspaceMB: 512, FileURLTTLS: 3600, FileSecretPrev: fileSecret + "-old",
+		MaxConcurrent: 4, MaxPerSession: 2, JobLogMaxBytes: 8 << 20, ProcessUID: 65534, EgressMaxConns: 32, EgressMaxMB: 256,
+		CSBAPIKey: "csb_v1_0123456789", CSBAPIURL: "http://127.0.0.1:9/", GitHubReposFile: "/etc/broker/repos.json",
+		GitHubAPIURL: "https://api.github.com/",
 	}
 	if !reflect.DeepEqual(c, want) {
 		t.Errorf("got  %#v\nwant %#v", c, want)
@@ -78,7 +86,7 @@ func TestEnvParsing(t *testing.T) {
 	if c.IsLoopback() {
 		t.Error("0.0.0.0 is not loopback")
 	}
-	if got := c.SecretValues(); !reflect.DeepEqual(got, []string{apiToken, fileSecret, fileSecret + "-old", hmacKey}) {
+	if got := c.SecretValues(); !reflect.DeepEqual(got, []string{apiToken, fileSecret, fileSecret + "-old", hmacKey, "csb_v1_0123456789"}) {
 		t.Errorf("SecretValues = %v", got)
 	}
 }

@@ -68,6 +68,9 @@ const (
 	LangTypeScript = "typescript" // tsx main.ts
 	LangJavaScript = "javascript" // node main.js
 	LangBash       = "bash"       // bash main.sh
+	// LangNode is a shell in the Node runner, which carries the web project
+	// starters; project builds run through it.
+	LangNode = "node" // bash main.sh
 )
 
 // PingLanguage makes a cheap liveness request: Request{Language:

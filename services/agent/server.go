@@ -32,6 +32,7 @@ func DefaultCommands() map[string]Command {
 		LangTypeScript: {Argv: []string{"tsx"}, Ext: ".ts"},
 		LangJavaScript: {Argv: []string{"node"}, Ext: ".js"},
 		LangBash:       {Argv: []string{"bash"}, Ext: ".sh"},
+		LangNode:       {Argv: []string{"bash"}, Ext: ".sh"},
 	}
 }
 
