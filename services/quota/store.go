@@ -5,18 +5,13 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"net/url"
-	"os"
-	"path/filepath"
 	"sync/atomic"
 	"time"
 
-	_ "modernc.org/sqlite" // registers the "sqlite" driver
+
+	"github.com/sandbox-broker/sandbox-broker/services/statedb"
 )
 
-// busyTimeoutMs bounds how long a writer waits for another connection (e.g.
-// a second broker process) to release the write lock.
-const busyTimeoutMs = 5000
 
 // pruneEvery: one write transaction in this many also deletes old buckets,
 // keeping the table bounded without paying for a DELETE on every call.
@@ -61,76 +56,23 @@ type Store struct {
 	selectPair, upsert *sql.Stmt
 }
 
-// Open opens (creating if needed, mode 0600) the database at path, which
-// may be shared with other packages, and ensures the quota table exists.
-// The parent directory must exist. now is the clock; nil means time.Now.
+// Open opens the state database at path (shared with other packages; see
+// statedb) and ensures the quota table exists. now is the clock; nil means
+// time.Now.
 func Open(ctx context.Context, path string, now func() time.Time) (*Store, error) {
 	if now == nil {
 		now = time.Now
 	}
-	abs, err := filepath.Abs(path)
+	db, err := statedb.Open(path)
 	if err != nil {
-		return nil, fmt.Errorf("quota: resolve %q: %w", path, err)
+		return nil, fmt.Errorf("quota: %w", err)
 	}
-	if err := ensurePrivateFile(abs); err != nil {
-		return nil, err
-	}
-	db, err := sql.Open("sqlite", dsn(abs))
-	if err != nil {
-		return nil, fmt.Errorf("quota: open %s: %w", abs, err)
-	}
-	// One connection: in-process callers queue on the pool (cheap, honours
-	// ctx) instead of spinning in SQLite's busy handler; other processes
-	// are still serialised by the file lock plus busy_timeout.
-	db.SetMaxOpenConns(1)
-	db.SetMaxIdleConns(1)
-	db.SetConnMaxLifetime(0)
-	db.SetConnMaxIdleTime(0)
-
 	s := &Store{db: db, now: now}
 	if err := s.init(ctx); err != nil {
 		s.Close()
 		return nil, err
 	}
 	return s, nil
-}
-
-// dsn builds a file: URI so any character in the path is escaped rather
-// than being mistaken for URI syntax.
-//   - WAL lets readers run alongside the single writer.
-//   - synchronous=NORMAL survives process crashes (the restart case); only
-//     an OS crash/power loss can drop the last few increments.
-//   - _txlock=immediate makes every read-write BeginTx take the write lock
-//     up front, so read-then-increment cannot race or deadlock.
-func dsn(abs string) string {
-	q := url.Values{}
-	q.Add("_pragma", fmt.Sprintf("busy_timeout(%d)", busyTimeoutMs))
-	q.Add("_pragma", "journal_mode(WAL)")
-	q.Add("_pragma", "synchronous(NORMAL)")
-	q.Set("_txlock", "immediate")
-	u := url.URL{Scheme: "file", Path: filepath.ToSlash(abs), RawQuery: q.Encode()}
-	return u.String()
-}
-
-// ensurePrivateFile creates the database file 0600 before SQLite does
-// (SQLite would use 0644 minus umask); its -wal/-shm files copy this mode.
-// An existing file is tightened to 0600 as well.
-func ensurePrivateFile(abs string) error {
-	f, err := os.OpenFile(abs, os.O_RDWR|os.O_CREATE, 0o600)
-	if err != nil {
-		return fmt.Errorf("quota: create %s: %w", abs, err)
-	}
-	fi, err := f.Stat()
-	if err == nil && fi.Mode().Perm() != 0o600 {
-		err = f.Chmod(0o600)
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		return fmt.Errorf("quota: secure %s: %w", abs, err)
-	}
-	return nil
 }
 
 func (s *Store) init(ctx context.Context) error {

@@ -11,7 +11,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"net/url"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -19,10 +18,10 @@ import (
 	"time"
 
 	"github.com/rs/zerolog"
-	_ "modernc.org/sqlite" // database/sql driver "sqlite"
 
 	"github.com/sandbox-broker/sandbox-broker/services/brokererr"
 	"github.com/sandbox-broker/sandbox-broker/services/sandbox"
+	"github.com/sandbox-broker/sandbox-broker/services/statedb"
 )
 
 // IDPattern is what a client-chosen session ID must match.
@@ -57,6 +56,7 @@ type live struct {
 	sess    sandbox.Session
 	lastUse time.Time
 	gone    bool // released or destroyed while someone waited on mu
+	pins    int  // live jobs: the session is not idle while any runs
 }
 
 // Lease is exclusive use of one session until Release.
@@ -75,6 +75,25 @@ func (l *Lease) Release() {
 	l.l.mu.Unlock()
 }
 
+// Pin keeps the session from being released as idle until the returned
+// func is called (once); a job pins its session for its lifetime without
+// holding the lease, so run_code can still use the session meanwhile.
+func (l *Lease) Pin() (unpin func()) {
+	m, lv, wid := l.m, l.l, l.WorkspaceID
+	m.mu.Lock()
+	lv.pins++
+	m.mu.Unlock()
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			m.mu.Lock()
+			lv.pins--
+			m.mu.Unlock()
+			m.touch(wid)
+		})
+	}
+}
+
 // Open opens the session table.
 func Open(ctx context.Context, o Options) (*Manager, error) {
 	if o.IdleTimeout <= 0 {
@@ -86,15 +105,10 @@ func Open(ctx context.Context, o Options) (*Manager, error) {
 	if o.Now == nil {
 		o.Now = time.Now
 	}
-	q := url.Values{}
-	q.Add("_pragma", "busy_timeout(5000)")
-	q.Add("_pragma", "journal_mode(WAL)")
-	q.Add("_pragma", "synchronous(NORMAL)")
-	db, err := sql.Open("sqlite", "file:"+o.DBPath+"?"+q.Encode())
+	db, err := statedb.Open(o.DBPath)
 	if err != nil {
 		return nil, err
 	}
-	db.SetMaxOpenConns(1)
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	if _, err := db.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS sessions(
@@ -107,7 +121,6 @@ func Open(ctx context.Context, o Options) (*Manager, error) {
 		db.Close()
 		return nil, fmt.Errorf("sessions table: %w", err)
 	}
-	_ = os.Chmod(o.DBPath, 0o600)
 	if err := os.MkdirAll(filepath.Join(o.Root, "workspaces"), 0o711); err != nil {
 		db.Close()
 		return nil, err
@@ -323,7 +336,7 @@ func (m *Manager) Reap(ctx context.Context) {
 	m.mu.Lock()
 	var idle []string
 	for wid, l := range m.live {
-		if now.Sub(l.lastUse) >= m.o.IdleTimeout {
+		if l.pins == 0 && now.Sub(l.lastUse) >= m.o.IdleTimeout {
 			idle = append(idle, wid)
 		}
 	}
@@ -360,7 +373,10 @@ func (m *Manager) releaseIdle(ctx context.Context, wid string, now time.Time) {
 		return // in use: not idle after all
 	}
 	defer l.mu.Unlock()
-	if now.Sub(l.lastUse) < m.o.IdleTimeout {
+	m.mu.Lock()
+	busy := l.pins > 0 || now.Sub(l.lastUse) < m.o.IdleTimeout
+	m.mu.Unlock()
+	if busy {
 		return
 	}
 	if err := l.sess.Release(ctx); err != nil {
