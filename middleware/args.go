@@ -63,6 +63,20 @@ func ArgsFrom[T any](ctx context.Context) (*T, bool) {
 	return v, ok
 }
 
+// SelfDecoder is an argument field type that decodes and checks itself
+// strictly (its UnmarshalJSON returns *brokererr.Error) and publishes its
+// own schema, e.g. a value that is either a string or an object.
+type SelfDecoder interface {
+	json.Unmarshaler
+	JSONSchema() map[string]any
+}
+
+var selfDecoderType = reflect.TypeFor[SelfDecoder]()
+
+func isSelfDecoder(t reflect.Type) bool {
+	return t.Implements(selfDecoderType) || reflect.PointerTo(t).Implements(selfDecoderType)
+}
+
 // Custom rules: name → pattern. The same pattern is published in the schema.
 var patterns = map[string]*regexp.Regexp{
 	"session_id": regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`),
@@ -134,6 +148,9 @@ func decodeStrict[T any](raw []byte) (*T, error) {
 func checkKeys(dec *json.Decoder, t reflect.Type) error {
 	for t != nil && t.Kind() == reflect.Pointer {
 		t = t.Elem()
+	}
+	if t != nil && isSelfDecoder(t) {
+		t = nil // the type checks its own keys
 	}
 	tok, err := dec.Token()
 	if err != nil {
@@ -236,6 +253,11 @@ func decodeError(err error) error {
 		return brokererr.New(brokererr.InvalidInput, "arguments are not valid JSON (offset %d)", se.Offset)
 	case errors.Is(err, io.ErrUnexpectedEOF):
 		return brokererr.New(brokererr.InvalidInput, "arguments are not valid JSON (unexpected end)")
+	case errors.As(err, new(*brokererr.Error)):
+		// A field type's own UnmarshalJSON refused the value (SelfDecoder).
+		var be *brokererr.Error
+		errors.As(err, &be)
+		return be
 	case strings.HasPrefix(err.Error(), "json: unknown field "):
 		return brokererr.New(brokererr.InvalidInput, "unknown field %s", strings.TrimPrefix(err.Error(), "json: unknown field "))
 	default:
@@ -344,6 +366,10 @@ func summarize(v any) map[string]any {
 			}
 		default:
 			b, _ := json.Marshal(fv.Interface())
+			if clear && len(b) <= 1024 {
+				out[name] = json.RawMessage(b)
+				continue
+			}
 			d := digest(b)
 			if fv.Kind() == reflect.Map || fv.Kind() == reflect.Slice {
 				d["count"] = fv.Len()

@@ -54,6 +54,9 @@ func typeSchema(t reflect.Type) map[string]any {
 	if t.Kind() == reflect.Pointer {
 		t = t.Elem()
 	}
+	if isSelfDecoder(t) {
+		return reflect.New(t).Interface().(SelfDecoder).JSONSchema()
+	}
 	switch t.Kind() {
 	case reflect.String:
 		return map[string]any{"type": "string"}

@@ -8,20 +8,24 @@ import (
 
 // Deps are what the tools need, injected by the broker.
 type Deps struct {
-	Usage  UsageReader
-	Limits func(identity.Principal) quota.Limits
-	Engine *Engine
+	Usage    UsageReader
+	Limits   func(identity.Principal) quota.Limits
+	Engine   *Engine
+	Jobs     *Jobs
+	Projects *Projects
 }
 
 // Toolset names, also accepted by MCP_TOOLSETS / --toolsets.
 const (
-	ToolsetAccount = "account"
-	ToolsetSandbox = "sandbox"
-	ToolsetFiles   = "files"
+	ToolsetAccount  = "account"
+	ToolsetSandbox  = "sandbox"
+	ToolsetFiles    = "files"
+	ToolsetJobs     = "jobs"
+	ToolsetProjects = "projects"
 )
 
 func init() {
-	for _, n := range []string{ToolsetAccount, ToolsetSandbox, ToolsetFiles} {
+	for _, n := range []string{ToolsetAccount, ToolsetSandbox, ToolsetFiles, ToolsetJobs, ToolsetProjects} {
 		config.KnownToolsets[n] = true
 	}
 }
@@ -36,5 +40,15 @@ func DefaultGroup(d Deps) *Group {
 	files := NewToolset(ToolsetFiles, "Session files and signed download links").
 		AddReadTools(ListArtifacts(d.Engine), ReadArtifact(d.Engine)).
 		AddWriteTools(UploadFile(d.Engine))
-	return &Group{sets: []*Toolset{account, sandbox, files}}
+	j := d.Jobs
+	if j == nil {
+		j = &Jobs{Engine: d.Engine}
+	}
+	jobsSet := NewToolset(ToolsetJobs, "Long-running commands with streaming output, stdin and cancellation").
+		AddReadTools(j.GetExecutionOutput(), j.GetExecutionStatus(), j.ListExecutions()).
+		AddWriteTools(j.ExecuteCode(), j.ExecuteCodeAsync(), j.SendStdin(), j.CancelExecution())
+	projectsSet := NewToolset(ToolsetProjects, "Web projects in hosted CodeSandbox VMs or local containers, with previews").
+		AddReadTools(d.Projects.ListSandboxes()).
+		AddWriteTools(d.Projects.CreateSandboxForProject(), d.Projects.WriteFilesToSandbox(), d.Projects.GetSandboxOutput())
+	return &Group{sets: []*Toolset{account, sandbox, files, jobsSet, projectsSet}}
 }

@@ -29,6 +29,9 @@ type Engine struct {
 	Limits         func(identity.Principal) quota.Limits
 	DefaultTimeout time.Duration
 	MaxTimeout     time.Duration
+	// Redact filters text streamed in notifications (the chain redacts
+	// results, not notifications); nil disables streaming.
+	Redact func(string) string
 }
 
 // URLSigner makes signed download links for workspace files.
@@ -140,7 +143,9 @@ func RunCode(e *Engine) ServerTool {
 				return nil, err
 			}
 			defer lease.Release()
+			stop := newNotifier(ctx, e.Redact).tick(ctx, "run_code", time.Second)
 			res, err := lease.Session.Exec(ctx, sandbox.ExecRequest{Language: a.Language, Code: a.Code, Timeout: timeout, MaxOutputBytes: maxAgentBytes})
+			stop()
 			if res.Duration > 0 {
 				// Spent time counts even when the run failed.
 				actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)

@@ -41,7 +41,8 @@ func newTool[A any](name, description string, maxArgBytes int, ann mcp.ToolAnnot
 	// The raw schema replaces the default one; mcp-go refuses both at once.
 	def.InputSchema = mcp.ToolInputSchema{}
 	def.RawInputSchema = spec.Schema()
-	handler := func(ctx context.Context, _ mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+	handler := func(ctx context.Context, req mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+		ctx = withProgressToken(ctx, req)
 		p, ok := identity.FromContext(ctx)
 		args, okArgs := middleware.ArgsFrom[A](ctx)
 		if !ok || !okArgs {

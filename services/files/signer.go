@@ -283,3 +283,69 @@ func parseExp(s string) (int64, error) {
 	}
 	return n, nil
 }
+
+// PreviewPrefix is the URL path prefix of project previews.
+const PreviewPrefix = "/preview/"
+
+// previewPath stands in for the file path in a preview link's MAC; file
+// paths can never contain NUL, so the two kinds of link cannot collide.
+const previewPath = "\x00preview"
+
+// PreviewURL signs a link to project sandbox id's preview:
+// {BaseURL}/preview/{id}/?exp=…&kid=…&sig=….
+func (s *Signer) PreviewURL(id string) (string, time.Time, error) {
+	if s == nil || s.Keys == nil {
+		return "", time.Time{}, errors.New("files: signer has no keys")
+	}
+	if !ValidWorkspaceID(id) {
+		return "", time.Time{}, brokererr.New(brokererr.InvalidInput, "invalid sandbox id")
+	}
+	base, err := s.base()
+	if err != nil {
+		return "", time.Time{}, err
+	}
+	exp := s.now().Add(s.ttl()).Unix()
+	expStr := strconv.FormatInt(exp, 10)
+	kid := s.Keys.ActiveKID()
+	key, _ := s.Keys.key(kid)
+	sig := base64.RawURLEncoding.EncodeToString(mac(key, kid, id, previewPath, expStr))
+	return base + PreviewPrefix + id + "/?exp=" + expStr + "&kid=" + kid + "&sig=" + sig, time.Unix(exp, 0), nil
+}
+
+// VerifyPreview checks a preview link's raw query (or the same string kept
+// in the preview cookie) for sandbox id, with the checks Verify applies.
+func (s *Signer) VerifyPreview(id, rawQuery string) (time.Time, error) {
+	if s == nil || s.Keys == nil {
+		return time.Time{}, deny("no keys")
+	}
+	if !ValidWorkspaceID(id) {
+		return time.Time{}, deny("sandbox id")
+	}
+	expStr, kid, sig, err := parseQuery(rawQuery)
+	if err != nil {
+		return time.Time{}, err
+	}
+	exp, err := parseExp(expStr)
+	if err != nil {
+		return time.Time{}, err
+	}
+	now := s.now().Unix()
+	if exp < now {
+		return time.Time{}, deny("expired")
+	}
+	if exp > now+int64((s.maxTTL()+ClockSkew)/time.Second) {
+		return time.Time{}, deny("expiry too far")
+	}
+	key, ok := s.Keys.key(kid)
+	if !ok {
+		return time.Time{}, deny("unknown kid")
+	}
+	got, err := base64.RawURLEncoding.Strict().DecodeString(sig)
+	if len(sig) != sigLen || err != nil || len(got) != sha256.Size {
+		return time.Time{}, deny("signature encoding")
+	}
+	if !hmac.Equal(got, mac(key, kid, id, previewPath, expStr)) {
+		return time.Time{}, deny("signature mismatch")
+	}
+	return time.Unix(exp, 0), nil
+}

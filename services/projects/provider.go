@@ -7,6 +7,8 @@ import (
 	"context"
 	"net/http"
 	"time"
+
+	"github.com/sandbox-broker/sandbox-broker/services/workspace"
 )
 
 // Templates a project can start from.
@@ -27,8 +29,8 @@ const (
 	TTL            = time.Hour
 )
 
-// ForbiddenPrefixes are refused in every project path (see PathOf).
-var ForbiddenPrefixes = []string{".env", ".git", "node_modules", ".codesandbox"}
+// ForbiddenPrefixes are refused as any component of a project path.
+var ForbiddenPrefixes = workspace.ProjectForbiddenNames
 
 // CreateRequest is a validated create_sandbox_for_project call.
 type CreateRequest struct {

@@ -1,0 +1,432 @@
+package jobs
+
+import (
+	"context"
+	"errors"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/sandbox-broker/sandbox-broker/services/brokererr"
+	"github.com/sandbox-broker/sandbox-broker/services/sandbox"
+)
+
+// procRunner runs jobs as real host processes (bash in its own process
+// group): the manager's logic is tested here; the sandboxes' job support is
+// tested with real containers and bwrap in their own packages and tests/.
+type procRunner struct{ dir string }
+
+type procJob struct {
+	cmd   *exec.Cmd
+	stdin io.WriteCloser
+	done  chan struct{}
+	exit  sandbox.JobExit
+}
+
+func (r procRunner) StartJob(ctx context.Context, spec sandbox.JobSpec, sink sandbox.JobSink) (sandbox.Job, error) {
+	cmd := exec.Command("bash", "-c", spec.Command)
+	cmd.Dir = r.dir
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	j := &procJob{cmd: cmd, done: make(chan struct{})}
+	if spec.Interactive {
+		w, err := cmd.StdinPipe()
+		if err != nil {
+			return nil, err
+		}
+		j.stdin = w
+	}
+	outR, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	errR, err := cmd.StderrPipe()
+	if err != nil {
+		return nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	pump := func(stream string, rd io.Reader) {
+		defer wg.Done()
+		buf := make([]byte, 4096)
+		for {
+			n, err := rd.Read(buf)
+			if n > 0 {
+				mu.Lock()
+				sink(stream, buf[:n])
+				mu.Unlock()
+			}
+			if err != nil {
+				return
+			}
+		}
+	}
+	wg.Add(2)
+	go pump(sandbox.StreamStdout, outR)
+	go pump(sandbox.StreamStderr, errR)
+	start := time.Now()
+	go func() {
+		var timedOut bool
+		timer := time.AfterFunc(spec.Timeout, func() { timedOut = true; _ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) })
+		wg.Wait()
+		err := cmd.Wait()
+		timer.Stop()
+		j.exit = sandbox.JobExit{Duration: time.Since(start), TimedOut: timedOut}
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+				j.exit.Signal = "SIG" + strings.ToUpper(ws.Signal().String())
+				j.exit.ExitCode = 128 + int(ws.Signal())
+			} else {
+				j.exit.ExitCode = ee.ExitCode()
+			}
+		}
+		close(j.done)
+	}()
+	return j, nil
+}
+
+func (j *procJob) WriteStdin(_ context.Context, b []byte) error {
+	if j.stdin == nil {
+		return errors.New("no stdin")
+	}
+	_, err := j.stdin.Write(b)
+	return err
+}
+func (j *procJob) CloseStdin(context.Context) error {
+	if j.stdin == nil {
+		return errors.New("no stdin")
+	}
+	return j.stdin.Close()
+}
+func (j *procJob) Signal(_ context.Context, sig syscall.Signal) error {
+	return syscall.Kill(-j.cmd.Process.Pid, sig)
+}
+func (j *procJob) Done() <-chan struct{} { return j.done }
+func (j *procJob) Exit() sandbox.JobExit { return j.exit }
+
+func openTest(t *testing.T, dir string, mod func(*Options)) *Manager {
+	t.Helper()
+	o := Options{DBPath: filepath.Join(dir, "state.db"), Dir: filepath.Join(dir, "jobs"), Log: zerolog.Nop()}
+	if mod != nil {
+		mod(&o)
+	}
+	m, err := Open(context.Background(), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = m.Close(ctx)
+	})
+	return m
+}
+
+func start(t *testing.T, m *Manager, principal, session, command string, interactive bool) string {
+	t.Helper()
+	ended := make(chan sandbox.JobExit, 1)
+	id, err := m.Start(context.Background(), StartRequest{Principal: principal, SessionID: session, SessionKey: session,
+		Runner: procRunner{dir: t.TempDir()}, Spec: sandbox.JobSpec{Command: command, Timeout: 30 * time.Second, Interactive: interactive},
+		Network: "none", OnEnd: func(x sandbox.JobExit) { ended <- x }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !IDPattern.MatchString(id) {
+		t.Fatalf("id %q", id)
+	}
+	return id
+}
+
+// readAll reads by cursor with long-polls until the job ends, checking that
+// seqs are contiguous and strictly increasing.
+func readAll(t *testing.T, m *Manager, principal, id string) (events []Event, sawRunningOutput bool) {
+	t.Helper()
+	var since int64
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		out, err := m.Read(context.Background(), principal, id, ReadRequest{Since: since, Wait: 5 * time.Second, MaxEvents: 100, MaxBytes: 1 << 20})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if out.Dropped != 0 {
+			t.Fatalf("dropped %d", out.Dropped)
+		}
+		for _, e := range out.Events {
+			if e.Seq != since+1 {
+				t.Fatalf("seq %d after %d", e.Seq, since)
+			}
+			since = e.Seq
+			events = append(events, e)
+			if e.Type == EventStdout && out.Status == StatusRunning {
+				sawRunningOutput = true
+			}
+		}
+		if out.Status != StatusRunning && !out.More {
+			return events, sawRunningOutput
+		}
+	}
+	t.Fatal("job did not end")
+	return nil, false
+}
+
+func stdout(events []Event) string {
+	var b strings.Builder
+	for _, e := range events {
+		if e.Type == EventStdout {
+			b.WriteString(e.Data)
+		}
+	}
+	return b.String()
+}
+
+func TestIncrementalReadByCursor(t *testing.T) {
+	m := openTest(t, t.TempDir(), nil)
+	id := start(t, m, "alice", "s1", `for i in 1 2 3 4 5; do echo line$i; sleep 0.2; done`, false)
+	events, early := readAll(t, m, "alice", id)
+	if got := stdout(events); got != "line1\nline2\nline3\nline4\nline5\n" {
+		t.Fatalf("stdout %q", got)
+	}
+	if !early {
+		t.Error("no output was read while the job was running")
+	}
+	if events[0].Type != EventReady || events[len(events)-1].Type != EventExit || *events[len(events)-1].Code != 0 {
+		t.Fatalf("first/last events: %+v / %+v", events[0], events[len(events)-1])
+	}
+	info, err := m.Status(context.Background(), "alice", id)
+	if err != nil || info.Status != StatusCompleted || info.ExitCode == nil || *info.ExitCode != 0 || info.LastSeq != events[len(events)-1].Seq {
+		t.Fatalf("status %+v %v", info, err)
+	}
+}
+
+func TestInteractiveStdin(t *testing.T) {
+	m := openTest(t, t.TempDir(), nil)
+	id := start(t, m, "alice", "s1", `read name; echo "hello $name"; read x; echo "bye $x"`, true)
+	ctx := context.Background()
+	if err := m.SendStdin(ctx, "alice", id, []byte("world\n"), false); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.SendStdin(ctx, "bob", id, []byte("x\n"), false); !isCode(err, brokererr.SandboxNotFound) {
+		t.Fatalf("other principal: %v", err)
+	}
+	if err := m.SendStdin(ctx, "alice", id, []byte("moon"), true); err != nil {
+		t.Fatal(err)
+	}
+	events, _ := readAll(t, m, "alice", id)
+	if got := stdout(events); got != "hello world\nbye moon\n" {
+		t.Fatalf("stdout %q", got)
+	}
+	if err := m.SendStdin(ctx, "alice", id, []byte("late\n"), false); !isCode(err, brokererr.Conflict) {
+		t.Fatalf("stdin after exit: %v", err)
+	}
+	nonInteractive := start(t, m, "alice", "s1", `sleep 5`, false)
+	if err := m.SendStdin(ctx, "alice", nonInteractive, []byte("x"), false); !isCode(err, brokererr.Conflict) {
+		t.Fatalf("stdin to non-interactive job: %v", err)
+	}
+	if _, err := m.Cancel(ctx, "alice", nonInteractive, true); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func isCode(err error, c brokererr.Code) bool {
+	var be *brokererr.Error
+	return errors.As(err, &be) && be.Code == c
+}
+
+// waitFor long-polls until an event satisfies ok.
+func waitFor(t *testing.T, m *Manager, principal, id string, ok func(Event) bool) {
+	t.Helper()
+	var since int64
+	deadline := time.Now().Add(20 * time.Second)
+	for time.Now().Before(deadline) {
+		out, err := m.Read(context.Background(), principal, id, ReadRequest{Since: since, Wait: 5 * time.Second, MaxEvents: 100, MaxBytes: 1 << 20})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, e := range out.Events {
+			if ok(e) {
+				return
+			}
+		}
+		since = out.Next
+	}
+	t.Fatal("event never came")
+}
+
+func TestCancelTrapsSIGTERM(t *testing.T) {
+	m := openTest(t, t.TempDir(), nil)
+	id := start(t, m, "alice", "s1", `trap 'echo got-term; exit 7' TERM; echo ready; while :; do sleep 0.05; done`, false)
+	waitFor(t, m, "alice", id, func(e Event) bool { return strings.Contains(e.Data, "ready") })
+	info, err := m.Cancel(context.Background(), "alice", id, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.Status != StatusCancelled || info.ExitCode == nil || *info.ExitCode != 7 {
+		t.Fatalf("after cancel: %+v", info)
+	}
+	events, _ := readAll(t, m, "alice", id)
+	if !strings.Contains(stdout(events), "got-term") || events[len(events)-1].Type != EventCancelled {
+		t.Fatalf("events %+v", events)
+	}
+	if _, err := m.Cancel(context.Background(), "alice", id, false); !isCode(err, brokererr.Conflict) {
+		t.Fatalf("second cancel: %v", err)
+	}
+
+	// force: SIGKILL at once, even for a job that ignores SIGTERM.
+	id2 := start(t, m, "alice", "s1", `trap '' TERM; echo ready; while :; do sleep 0.05; done`, false)
+	waitFor(t, m, "alice", id2, func(e Event) bool { return strings.Contains(e.Data, "ready") })
+	begin := time.Now()
+	info, err = m.Cancel(context.Background(), "alice", id2, true)
+	if err != nil || info.Status != StatusCancelled || info.Signal == "" {
+		t.Fatalf("force cancel: %+v %v", info, err)
+	}
+	if time.Since(begin) >= CancelGrace {
+		t.Fatalf("force cancel waited the grace period")
+	}
+}
+
+func TestConcurrencyLimits(t *testing.T) {
+	m := openTest(t, t.TempDir(), func(o *Options) { o.MaxConcurrent = 3; o.MaxPerSession = 2 })
+	ctx := context.Background()
+	a := start(t, m, "alice", "s1", "sleep 30", false)
+	start(t, m, "alice", "s1", "sleep 30", false)
+	_, err := m.Start(ctx, StartRequest{Principal: "alice", SessionID: "s1", SessionKey: "s1", Runner: procRunner{dir: t.TempDir()},
+		Spec: sandbox.JobSpec{Command: "true", Timeout: time.Second}})
+	if !isCode(err, brokererr.QuotaExceeded) || !strings.Contains(err.Error(), "session") {
+		t.Fatalf("per-session limit: %v", err)
+	}
+	start(t, m, "alice", "s2", "sleep 30", false)
+	_, err = m.Start(ctx, StartRequest{Principal: "bob", SessionID: "s3", SessionKey: "s3", Runner: procRunner{dir: t.TempDir()},
+		Spec: sandbox.JobSpec{Command: "true", Timeout: time.Second}})
+	if !isCode(err, brokererr.QuotaExceeded) || !strings.Contains(err.Error(), "broker") {
+		t.Fatalf("global limit: %v", err)
+	}
+	// A slot frees when a job ends.
+	if _, err := m.Cancel(ctx, "alice", a, true); err != nil {
+		t.Fatal(err)
+	}
+	start(t, m, "bob", "s3", "true", false)
+}
+
+func TestRestartKeepsOutputAndMarksRunningJobsAsError(t *testing.T) {
+	dir := t.TempDir()
+	first := openTest(t, dir, nil)
+	id := start(t, first, "alice", "s1", `echo before-restart; sleep 30`, false)
+	waitFor(t, first, "alice", id, func(e Event) bool { return strings.Contains(e.Data, "before-restart") })
+	done := start(t, first, "alice", "s1", `echo finished`, false)
+	readAll(t, first, "alice", done)
+
+	// A second broker opens the same state without the first one closing
+	// (as after a crash).
+	second := openTest(t, dir, nil)
+	info, err := second.Status(context.Background(), "alice", id)
+	if err != nil || info.Status != StatusError || !strings.Contains(info.Error, "restarted") {
+		t.Fatalf("status after restart: %+v %v", info, err)
+	}
+	out, err := second.Read(context.Background(), "alice", id, ReadRequest{MaxEvents: 100, MaxBytes: 1 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out.Status != StatusError || !strings.Contains(stdout(out.Events), "before-restart") || out.Events[len(out.Events)-1].Type != EventError {
+		t.Fatalf("output after restart: %+v", out)
+	}
+	fin, err := second.Status(context.Background(), "alice", done)
+	if err != nil || fin.Status != StatusCompleted {
+		t.Fatalf("finished job after restart: %+v %v", fin, err)
+	}
+	list, err := second.List(context.Background(), "alice", "s1", 10)
+	if err != nil || len(list) != 2 {
+		t.Fatalf("list %v %v", list, err)
+	}
+	if l, _ := second.List(context.Background(), "bob", "", 10); len(l) != 0 {
+		t.Fatalf("bob sees %v", l)
+	}
+}
+
+func TestLogCapDropsOldestAndSaysHowMany(t *testing.T) {
+	m := openTest(t, t.TempDir(), func(o *Options) { o.LogMaxBytes = 16 << 10 })
+	id := start(t, m, "alice", "s1", `for i in $(seq 1 3000); do echo "line $i"; done`, false)
+	waitFor(t, m, "alice", id, func(e Event) bool { return e.Type == EventExit })
+	out, err := m.Read(context.Background(), "alice", id, ReadRequest{MaxEvents: 100000, MaxBytes: 1 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out.Dropped == 0 || out.Events[0].Seq != out.Dropped+1 {
+		t.Fatalf("dropped %d, first seq %d", out.Dropped, out.Events[0].Seq)
+	}
+	for i := 1; i < len(out.Events); i++ {
+		if out.Events[i].Seq != out.Events[i-1].Seq+1 {
+			t.Fatalf("gap at %d", i)
+		}
+	}
+	if !strings.Contains(stdout(out.Events), "line 3000\n") || out.Events[len(out.Events)-1].Type != EventExit {
+		t.Fatal("newest output missing")
+	}
+	var size int64
+	ents, _ := os.ReadDir(filepath.Join(m.o.Dir, id))
+	for _, e := range ents {
+		fi, _ := e.Info()
+		size += fi.Size()
+	}
+	if size > 16<<10+4096 {
+		t.Fatalf("log uses %d bytes on disk", size)
+	}
+}
+
+func TestUnknownAndForeignIDs(t *testing.T) {
+	m := openTest(t, t.TempDir(), nil)
+	id := start(t, m, "alice", "s1", "echo hi", false)
+	for _, tc := range []struct{ principal, id string }{{"bob", id}, {"alice", "exec_" + strings.Repeat("0", 32)}, {"alice", "../../etc"}} {
+		if _, err := m.Status(context.Background(), tc.principal, tc.id); !isCode(err, brokererr.SandboxNotFound) {
+			t.Errorf("%s/%s: %v", tc.principal, tc.id, err)
+		}
+		if _, err := m.Read(context.Background(), tc.principal, tc.id, ReadRequest{MaxEvents: 1, MaxBytes: 1}); !isCode(err, brokererr.SandboxNotFound) {
+			t.Errorf("read %s/%s: %v", tc.principal, tc.id, err)
+		}
+	}
+}
+
+func FuzzSegmentScan(f *testing.F) {
+	f.Add([]byte(`{"seq":1,"ts":"x","type":"ready"}` + "\n" + `{"seq":2,"type":"stdout","data":"a"}`))
+	f.Add([]byte("{\"seq\":-1}\n\x00\xff{"))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		dir := t.TempDir()
+		if err := os.WriteFile(filepath.Join(dir, segName(1)), data, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		l, err := openLog(dir, 1<<20)
+		if err != nil {
+			return
+		}
+		defer l.close()
+		p, err := l.read(0, 1000, 1<<20)
+		if err != nil {
+			return
+		}
+		for _, e := range p.Events {
+			if e.Seq <= 0 {
+				t.Fatalf("bad seq %d", e.Seq)
+			}
+		}
+		// Appending after a torn or hostile file still yields a fresh seq.
+		e, err := l.append(Event{Type: EventStdout, Data: "x"}, time.Now())
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, old := range p.Events {
+			if old.Seq >= e.Seq {
+				t.Fatalf("seq %d reused (old %d)", e.Seq, old.Seq)
+			}
+		}
+	})
+}

@@ -1,0 +1,688 @@
+// Package jobs runs long shell commands (execute_code and friends) as
+// durable jobs: each job's output is an event log on disk, its status a row
+// in state.db, so a reader can reconnect, poll by cursor, and still read
+// a job after the broker restarts.
+package jobs
+
+import (
+	"context"
+	"crypto/rand"
+	"database/sql"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+	"unicode/utf8"
+
+	"github.com/rs/zerolog"
+
+	"github.com/sandbox-broker/sandbox-broker/services/brokererr"
+	"github.com/sandbox-broker/sandbox-broker/services/sandbox"
+	"github.com/sandbox-broker/sandbox-broker/services/statedb"
+)
+
+// Job statuses.
+const (
+	StatusRunning   = "running"
+	StatusCompleted = "completed" // exited 0
+	StatusFailed    = "failed"    // exited non-zero or by a signal
+	StatusTimeout   = "timeout"
+	StatusCancelled = "cancelled"
+	StatusError     = "error" // could not start, or its end was lost
+)
+
+// IDPattern is an execution ID.
+var IDPattern = regexp.MustCompile(`^exec_[0-9a-f]{32}$`)
+
+// CancelGrace is how long a cancelled job has between SIGTERM and SIGKILL.
+const CancelGrace = 5 * time.Second
+
+// restartReason is recorded for jobs that were running when the broker stopped.
+const restartReason = "the broker restarted while this job was running; output up to then is kept"
+
+// Options configure a Manager.
+type Options struct {
+	DBPath        string // state.db
+	Dir           string // <root>/jobs: one log directory per job
+	MaxConcurrent int    // global live jobs
+	MaxPerSession int    // live jobs per session
+	LogMaxBytes   int64  // per job log
+	Retention     time.Duration
+	Now           func() time.Time
+	Log           zerolog.Logger
+}
+
+// Manager owns every job.
+type Manager struct {
+	o          Options
+	db         *sql.DB
+	mu         sync.Mutex
+	live       map[string]*job
+	perSession map[string]int
+	wg         sync.WaitGroup
+}
+
+type job struct {
+	id, principal, sessionKey string
+	interactive               bool
+	timeout                   time.Duration
+	log                       *eventLog
+	handle                    sandbox.Job // nil until started
+	done                      chan struct{}
+	mu                        sync.Mutex
+	cancelled                 bool
+}
+
+// Info is a job's status as the tools report it.
+type Info struct {
+	ID          string `json:"execution_id"`
+	SessionID   string `json:"session_id"`
+	Command     string `json:"command"`
+	Status      string `json:"status"`
+	ExitCode    *int   `json:"exit_code,omitempty"`
+	Signal      string `json:"signal,omitempty"`
+	Error       string `json:"error,omitempty"`
+	Interactive bool   `json:"interactive"`
+	Network     string `json:"network"`
+	StartedAt   string `json:"started_at"`
+	EndedAt     string `json:"ended_at,omitempty"`
+	LastSeq     int64  `json:"last_seq"`
+}
+
+const schema = `CREATE TABLE IF NOT EXISTS jobs(
+	id TEXT PRIMARY KEY,
+	principal TEXT NOT NULL,
+	session_id TEXT NOT NULL,
+	command TEXT NOT NULL,
+	status TEXT NOT NULL,
+	exit_code INTEGER,
+	signal TEXT NOT NULL DEFAULT '',
+	error TEXT NOT NULL DEFAULT '',
+	interactive INTEGER NOT NULL,
+	network TEXT NOT NULL,
+	started_at INTEGER NOT NULL,
+	ended_at INTEGER);
+CREATE INDEX IF NOT EXISTS jobs_by_principal ON jobs(principal, started_at);`
+
+// Open opens the job table, marks jobs left running by a previous broker as
+// errors (appending an error event to their logs), and prunes old jobs.
+func Open(ctx context.Context, o Options) (*Manager, error) {
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	if o.MaxConcurrent <= 0 {
+		o.MaxConcurrent = 10
+	}
+	if o.MaxPerSession <= 0 {
+		o.MaxPerSession = 5
+	}
+	if o.LogMaxBytes <= 0 {
+		o.LogMaxBytes = 8 << 20
+	}
+	if o.Retention <= 0 {
+		o.Retention = 7 * 24 * time.Hour
+	}
+	if err := os.MkdirAll(o.Dir, 0o700); err != nil {
+		return nil, err
+	}
+	db, err := statedb.Open(o.DBPath)
+	if err != nil {
+		return nil, fmt.Errorf("jobs: %w", err)
+	}
+	m := &Manager{o: o, db: db, live: map[string]*job{}, perSession: map[string]int{}}
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if _, err := db.ExecContext(ctx, schema); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("jobs table: %w", err)
+	}
+	if err := m.recover(ctx); err != nil {
+		db.Close()
+		return nil, err
+	}
+	return m, nil
+}
+
+// recover closes out jobs a previous broker left running.
+func (m *Manager) recover(ctx context.Context) error {
+	rows, err := m.db.QueryContext(ctx, `SELECT id FROM jobs WHERE status = ?`, StatusRunning)
+	if err != nil {
+		return err
+	}
+	var ids []string
+	for rows.Next() {
+		var id string
+		if rows.Scan(&id) == nil && IDPattern.MatchString(id) {
+			ids = append(ids, id)
+		}
+	}
+	rows.Close()
+	now := m.o.Now()
+	for _, id := range ids {
+		if l, err := openLog(m.logDir(id), m.o.LogMaxBytes); err == nil {
+			_, _ = l.append(Event{Type: EventError, Message: restartReason}, now)
+			_ = l.close()
+		}
+		if _, err := m.db.ExecContext(ctx, `UPDATE jobs SET status = ?, error = ?, ended_at = ? WHERE id = ?`,
+			StatusError, restartReason, now.UnixMilli(), id); err != nil {
+			return err
+		}
+		m.o.Log.Warn().Str("execution_id", id).Msg("job_lost_on_restart")
+	}
+	return m.prune(ctx, now)
+}
+
+func (m *Manager) prune(ctx context.Context, now time.Time) error {
+	cut := now.Add(-m.o.Retention).UnixMilli()
+	rows, err := m.db.QueryContext(ctx, `SELECT id FROM jobs WHERE status != ? AND ended_at < ?`, StatusRunning, cut)
+	if err != nil {
+		return err
+	}
+	var ids []string
+	for rows.Next() {
+		var id string
+		if rows.Scan(&id) == nil && IDPattern.MatchString(id) {
+			ids = append(ids, id)
+		}
+	}
+	rows.Close()
+	for _, id := range ids {
+		_ = os.RemoveAll(m.logDir(id))
+		if _, err := m.db.ExecContext(ctx, `DELETE FROM jobs WHERE id = ?`, id); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (m *Manager) logDir(id string) string { return filepath.Join(m.o.Dir, id) }
+
+// Ping checks the job store.
+func (m *Manager) Ping(ctx context.Context) error { return m.db.PingContext(ctx) }
+
+// Close kills live jobs (their status becomes error) and closes the store.
+func (m *Manager) Close(ctx context.Context) error {
+	m.mu.Lock()
+	live := make([]*job, 0, len(m.live))
+	for _, j := range m.live {
+		live = append(live, j)
+	}
+	m.mu.Unlock()
+	for _, j := range live {
+		if j.handle != nil {
+			_ = j.handle.Signal(ctx, syscall.SIGKILL)
+		}
+	}
+	done := make(chan struct{})
+	go func() { m.wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-ctx.Done():
+	}
+	return m.db.Close()
+}
+
+// StartRequest is a validated job to start in one session.
+type StartRequest struct {
+	Principal  string
+	SessionID  string // as the caller knows it
+	SessionKey string // the session's workspace ID: the per-session limit's key
+	Runner     sandbox.JobRunner
+	Spec       sandbox.JobSpec // ID is assigned here
+	Network    string          // the egress policy, as recorded
+	// OnEnd runs once the job has ended and its status is stored (unpin
+	// the session, bill the time).
+	OnEnd func(sandbox.JobExit)
+}
+
+func newID() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	return "exec_" + hex.EncodeToString(b[:])
+}
+
+// limitError is a structured refusal, never a queue: the caller retries.
+func limitError(format string, a ...any) error {
+	return brokererr.New(brokererr.QuotaExceeded, format, a...).WithRetryAfter(time.Second)
+}
+
+// Start starts a job and returns its ID. Past a concurrency limit it fails
+// at once with QUOTA_EXCEEDED.
+func (m *Manager) Start(ctx context.Context, req StartRequest) (string, error) {
+	m.mu.Lock()
+	if len(m.live) >= m.o.MaxConcurrent {
+		m.mu.Unlock()
+		return "", limitError("the broker runs its maximum of %d concurrent executions; wait for one to finish", m.o.MaxConcurrent)
+	}
+	if m.perSession[req.SessionKey] >= m.o.MaxPerSession {
+		m.mu.Unlock()
+		return "", limitError("this session runs its maximum of %d concurrent executions; wait for one to finish or cancel one", m.o.MaxPerSession)
+	}
+	id := newID()
+	j := &job{id: id, principal: req.Principal, sessionKey: req.SessionKey, interactive: req.Spec.Interactive,
+		timeout: req.Spec.Timeout, done: make(chan struct{})}
+	m.live[id] = j
+	m.perSession[req.SessionKey]++
+	m.mu.Unlock()
+
+	fail := func(err error) (string, error) {
+		m.forget(j)
+		if j.log != nil {
+			_ = j.log.close()
+		}
+		close(j.done)
+		return "", err
+	}
+	var err error
+	if j.log, err = openLog(m.logDir(id), m.o.LogMaxBytes); err != nil {
+		return fail(brokererr.Wrap(err, brokererr.Unavailable, "job log unavailable"))
+	}
+	now := m.o.Now()
+	if _, err := m.db.ExecContext(ctx, `INSERT INTO jobs(id, principal, session_id, command, status, interactive, network, started_at) VALUES(?,?,?,?,?,?,?,?)`,
+		id, req.Principal, req.SessionID, req.Spec.Command, StatusRunning, req.Spec.Interactive, req.Network, now.UnixMilli()); err != nil {
+		_ = os.RemoveAll(m.logDir(id))
+		return fail(brokererr.Wrap(err, brokererr.Unavailable, "job store unavailable"))
+	}
+	spec := req.Spec
+	spec.ID = id
+	sink := func(stream string, data []byte) {
+		typ := EventStdout
+		if stream == sandbox.StreamStderr {
+			typ = EventStderr
+		}
+		if _, err := j.log.append(Event{Type: typ, Data: toText(data)}, m.o.Now()); err != nil {
+			m.o.Log.Warn().Str("execution_id", id).Msg("job_log_append_failed")
+		}
+	}
+	// Ready goes first so a reader sees the job before any output.
+	if _, err := j.log.append(Event{Type: EventReady, TimeoutSeconds: int(spec.Timeout / time.Second)}, now); err != nil {
+		m.finish(j, sandbox.JobExit{Err: err}, req.OnEnd)
+		return "", brokererr.Wrap(err, brokererr.Unavailable, "job log unavailable")
+	}
+	h, err := req.Runner.StartJob(ctx, spec, sink)
+	if err != nil {
+		m.finish(j, sandbox.JobExit{Err: err}, req.OnEnd)
+		var be *brokererr.Error
+		if errors.As(err, &be) {
+			return "", err
+		}
+		return "", brokererr.Wrap(err, brokererr.Unavailable, "the sandbox could not start the job")
+	}
+	j.mu.Lock()
+	j.handle = h
+	j.mu.Unlock()
+	m.o.Log.Info().Str("execution_id", id).Str("session_id", req.SessionID).Bool("interactive", spec.Interactive).Msg("job_started")
+	m.wg.Add(1)
+	go func() {
+		defer m.wg.Done()
+		<-h.Done()
+		m.finish(j, h.Exit(), req.OnEnd)
+	}()
+	return id, nil
+}
+
+// toText keeps output as valid UTF-8 text.
+func toText(b []byte) string {
+	if utf8.Valid(b) {
+		return string(b)
+	}
+	return strings.ToValidUTF8(string(b), "\uFFFD")
+}
+
+// finish writes the closing event and status, then frees the job's slot.
+func (m *Manager) finish(j *job, x sandbox.JobExit, onEnd func(sandbox.JobExit)) {
+	j.mu.Lock()
+	cancelled := j.cancelled
+	j.mu.Unlock()
+	status, ev := StatusCompleted, Event{}
+	code := x.ExitCode
+	ms := x.Duration.Milliseconds()
+	switch {
+	case x.Err != nil:
+		status, ev = StatusError, Event{Type: EventError, Message: "the job's sandbox stopped answering; output up to then is kept"}
+	case cancelled:
+		status, ev = StatusCancelled, Event{Type: EventCancelled, Code: &code, Signal: x.Signal, DurationMS: &ms}
+	case x.TimedOut:
+		status, ev = StatusTimeout, Event{Type: EventTimeout, TimeoutSeconds: int(j.timeout / time.Second), DurationMS: &ms}
+	default:
+		if code != 0 || x.Signal != "" {
+			status = StatusFailed
+		}
+		ev = Event{Type: EventExit, Code: &code, Signal: x.Signal, DurationMS: &ms}
+	}
+	if x.Err != nil {
+		m.o.Log.Warn().Str("execution_id", j.id).Str("cause", shortErr(x.Err)).Msg("job_lost")
+	}
+	now := m.o.Now()
+	if _, err := j.log.append(ev, now); err != nil {
+		m.o.Log.Warn().Str("execution_id", j.id).Msg("job_log_append_failed")
+	}
+	var exit any
+	if status != StatusError {
+		exit = code
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	_, err := m.db.ExecContext(ctx, `UPDATE jobs SET status = ?, exit_code = ?, signal = ?, error = ?, ended_at = ? WHERE id = ?`,
+		status, exit, x.Signal, ev.Message, now.UnixMilli(), j.id)
+	cancel()
+	if err != nil {
+		m.o.Log.Error().Str("execution_id", j.id).Msg("job_status_write_failed")
+	}
+	_ = j.log.close()
+	m.forget(j)
+	m.o.Log.Info().Str("execution_id", j.id).Str("status", status).Int64("duration_ms", ms).Msg("job_ended")
+	if onEnd != nil {
+		onEnd(x)
+	}
+	close(j.done)
+}
+
+// shortErr keeps a cause short for logs (the logger redacts it too).
+func shortErr(err error) string {
+	s := err.Error()
+	if len(s) > 200 {
+		s = s[:200]
+	}
+	return s
+}
+
+func (m *Manager) forget(j *job) {
+	m.mu.Lock()
+	if m.live[j.id] == j {
+		delete(m.live, j.id)
+		if m.perSession[j.sessionKey]--; m.perSession[j.sessionKey] <= 0 {
+			delete(m.perSession, j.sessionKey)
+		}
+	}
+	m.mu.Unlock()
+}
+
+func notFound(id string) error {
+	return brokererr.New(brokererr.SandboxNotFound, "no execution %q", id)
+}
+
+// Status returns the caller's job.
+func (m *Manager) Status(ctx context.Context, principal, id string) (Info, error) {
+	if !IDPattern.MatchString(id) {
+		return Info{}, notFound(id)
+	}
+	row := m.db.QueryRowContext(ctx, `SELECT id, session_id, command, status, exit_code, signal, error, interactive, network, started_at, ended_at FROM jobs WHERE id = ? AND principal = ?`, id, principal)
+	info, err := scanInfo(row.Scan)
+	if errors.Is(err, sql.ErrNoRows) {
+		return Info{}, notFound(id)
+	}
+	if err != nil {
+		return Info{}, brokererr.Wrap(err, brokererr.Unavailable, "job store unavailable")
+	}
+	if l := m.liveLog(principal, id); l != nil {
+		l.mu.Lock()
+		info.LastSeq = l.next - 1
+		l.mu.Unlock()
+	} else if lg, err := openLogReadOnly(m.logDir(id)); err == nil {
+		info.LastSeq = lg
+	}
+	return info, nil
+}
+
+// openLogReadOnly returns the last seq on disk without keeping files open.
+func openLogReadOnly(dir string) (int64, error) {
+	l := &eventLog{dir: dir}
+	segs, err := l.segments()
+	if err != nil {
+		return 0, err
+	}
+	var last int64
+	for _, n := range segs {
+		_ = scanSegment(filepath.Join(dir, segName(n)), func(e Event) bool {
+			last = max(last, e.Seq)
+			return true
+		})
+	}
+	return last, nil
+}
+
+func scanInfo(scan func(...any) error) (Info, error) {
+	var i Info
+	var exit sql.NullInt64
+	var ended sql.NullInt64
+	var started int64
+	var interactive int
+	if err := scan(&i.ID, &i.SessionID, &i.Command, &i.Status, &exit, &i.Signal, &i.Error, &interactive, &i.Network, &started, &ended); err != nil {
+		return Info{}, err
+	}
+	if exit.Valid {
+		c := int(exit.Int64)
+		i.ExitCode = &c
+	}
+	i.Interactive = interactive != 0
+	i.StartedAt = time.UnixMilli(started).UTC().Format(time.RFC3339Nano)
+	if ended.Valid {
+		i.EndedAt = time.UnixMilli(ended.Int64).UTC().Format(time.RFC3339Nano)
+	}
+	return i, nil
+}
+
+// List returns the caller's most recent jobs, newest first, optionally in
+// one session.
+func (m *Manager) List(ctx context.Context, principal, sessionID string, limit int) ([]Info, error) {
+	q := `SELECT id, session_id, command, status, exit_code, signal, error, interactive, network, started_at, ended_at FROM jobs WHERE principal = ?`
+	args := []any{principal}
+	if sessionID != "" {
+		q += ` AND session_id = ?`
+		args = append(args, sessionID)
+	}
+	q += ` ORDER BY started_at DESC, id LIMIT ?`
+	args = append(args, limit)
+	rows, err := m.db.QueryContext(ctx, q, args...)
+	if err != nil {
+		return nil, brokererr.Wrap(err, brokererr.Unavailable, "job store unavailable")
+	}
+	defer rows.Close()
+	out := []Info{}
+	for rows.Next() {
+		i, err := scanInfo(rows.Scan)
+		if err != nil {
+			return nil, brokererr.Wrap(err, brokererr.Unavailable, "job store unavailable")
+		}
+		out = append(out, i)
+	}
+	return out, rows.Err()
+}
+
+func (m *Manager) liveJob(principal, id string) *job {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if j, ok := m.live[id]; ok && j.principal == principal {
+		return j
+	}
+	return nil
+}
+
+func (m *Manager) liveLog(principal, id string) *eventLog {
+	if j := m.liveJob(principal, id); j != nil {
+		return j.log
+	}
+	return nil
+}
+
+// ReadRequest is one get_execution_output call.
+type ReadRequest struct {
+	Since     int64
+	Wait      time.Duration // 0: answer at once
+	MaxEvents int
+	MaxBytes  int
+}
+
+// Output is what Read returns.
+type Output struct {
+	Page
+	Status string
+}
+
+// Read returns the caller's job events after req.Since. With Wait it blocks
+// until there is at least one, the job ends, Wait passes or ctx ends.
+func (m *Manager) Read(ctx context.Context, principal, id string, req ReadRequest) (Output, error) {
+	info, err := m.Status(ctx, principal, id)
+	if err != nil {
+		return Output{}, err
+	}
+	deadline := time.NewTimer(req.Wait)
+	defer deadline.Stop()
+	for {
+		j := m.liveJob(principal, id)
+		var l *eventLog
+		var changed <-chan struct{}
+		if j != nil {
+			l = j.log
+			changed = l.wait()
+		} else {
+			l = &eventLog{dir: m.logDir(id), next: 1 << 62}
+			if info.Status == StatusRunning {
+				// Finished between the two lookups: reread the status.
+				if info, err = m.Status(ctx, principal, id); err != nil {
+					return Output{}, err
+				}
+			}
+			if err := l.loadBounds(); err != nil {
+				return Output{}, brokererr.Wrap(err, brokererr.Unavailable, "job log unavailable")
+			}
+		}
+		p, err := l.read(req.Since, req.MaxEvents, req.MaxBytes)
+		if err != nil {
+			return Output{}, brokererr.Wrap(err, brokererr.Unavailable, "job log unavailable")
+		}
+		status := info.Status
+		if j == nil && status == StatusRunning {
+			status = StatusError
+		}
+		if len(p.Events) > 0 || p.Dropped > 0 || j == nil || req.Wait <= 0 {
+			return Output{Page: p, Status: status}, nil
+		}
+		select {
+		case <-changed:
+		case <-j.done:
+			if info, err = m.Status(ctx, principal, id); err != nil {
+				return Output{}, err
+			}
+		case <-deadline.C:
+			return Output{Page: p, Status: status}, nil
+		case <-ctx.Done():
+			return Output{Page: p, Status: status}, nil
+		}
+	}
+}
+
+// loadBounds sets first from the files, for a log that is not open.
+func (l *eventLog) loadBounds() error {
+	segs, err := l.segments()
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if len(segs) > 0 {
+		return scanSegment(filepath.Join(l.dir, segName(segs[0])), func(e Event) bool {
+			l.first = e.Seq
+			return false
+		})
+	}
+	return nil
+}
+
+// SendStdin writes to a live interactive job's stdin.
+func (m *Manager) SendStdin(ctx context.Context, principal, id string, data []byte, closeAfter bool) error {
+	j, err := m.running(ctx, principal, id)
+	if err != nil {
+		return err
+	}
+	if !j.interactive {
+		return brokererr.New(brokererr.Conflict, "execution %s was not started with interactive=true; its stdin is closed", id)
+	}
+	if len(data) > 0 {
+		if err := j.handle.WriteStdin(ctx, data); err != nil {
+			return brokererr.Wrap(err, brokererr.Conflict, "stdin of execution %s is closed", id)
+		}
+	}
+	if closeAfter {
+		if err := j.handle.CloseStdin(ctx); err != nil {
+			return brokererr.Wrap(err, brokererr.Conflict, "stdin of execution %s is already closed", id)
+		}
+	}
+	return nil
+}
+
+// running returns a live job of the caller's, or a structured error saying
+// it has ended or does not exist.
+func (m *Manager) running(ctx context.Context, principal, id string) (*job, error) {
+	if j := m.liveJob(principal, id); j != nil {
+		j.mu.Lock()
+		h := j.handle
+		j.mu.Unlock()
+		if h != nil {
+			return j, nil
+		}
+	}
+	info, err := m.Status(ctx, principal, id)
+	if err != nil {
+		return nil, err
+	}
+	return nil, brokererr.New(brokererr.Conflict, "execution %s is not running (status %s)", id, info.Status)
+}
+
+// Cancel stops a live job: SIGTERM, then SIGKILL after CancelGrace, or
+// SIGKILL at once with force. It waits (bounded by ctx) for the job to end.
+func (m *Manager) Cancel(ctx context.Context, principal, id string, force bool) (Info, error) {
+	j, err := m.running(ctx, principal, id)
+	if err != nil {
+		return Info{}, err
+	}
+	j.mu.Lock()
+	j.cancelled = true
+	j.mu.Unlock()
+	sig := syscall.SIGTERM
+	if force {
+		sig = syscall.SIGKILL
+	}
+	if err := j.handle.Signal(ctx, sig); err != nil {
+		m.o.Log.Warn().Str("execution_id", id).Msg("job_signal_failed")
+	}
+	if !force {
+		grace := time.NewTimer(CancelGrace)
+		select {
+		case <-j.done:
+		case <-grace.C:
+			_ = j.handle.Signal(ctx, syscall.SIGKILL)
+		case <-ctx.Done():
+		}
+		grace.Stop()
+	}
+	select {
+	case <-j.done:
+	case <-ctx.Done():
+	}
+	return m.Status(context.WithoutCancel(ctx), principal, id)
+}
+
+// Done returns a channel closed when the caller's live job ends, or nil
+// when it is not live.
+func (m *Manager) Done(principal, id string) <-chan struct{} {
+	if j := m.liveJob(principal, id); j != nil {
+		return j.done
+	}
+	return nil
+}
+
+// Changed returns a channel closed at the job's next event, or nil.
+func (m *Manager) Changed(principal, id string) <-chan struct{} {
+	if l := m.liveLog(principal, id); l != nil {
+		return l.wait()
+	}
+	return nil
+}

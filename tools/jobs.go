@@ -1,0 +1,441 @@
+package tools
+
+import (
+	"context"
+	"encoding/json"
+	"net"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/mark3labs/mcp-go/mcp"
+
+	"github.com/sandbox-broker/sandbox-broker/services/brokererr"
+	"github.com/sandbox-broker/sandbox-broker/services/egress"
+	"github.com/sandbox-broker/sandbox-broker/services/identity"
+	"github.com/sandbox-broker/sandbox-broker/services/jobs"
+	"github.com/sandbox-broker/sandbox-broker/services/sandbox"
+	"github.com/sandbox-broker/sandbox-broker/services/workspace"
+)
+
+// Jobs is what the execution tools need beyond the Engine.
+type Jobs struct {
+	Engine *Engine
+	Jobs   *jobs.Manager
+	// Egress returns the proxy a job with this policy reaches the network
+	// through; it is only called for policies other than none.
+	Egress func(egress.Policy) func(net.Listener)
+}
+
+// Limits of the execution tools.
+const (
+	maxInlineWait   = 50 * time.Second // below the 60 s many clients allow a call
+	defaultPollWait = 25 * time.Second
+	maxPageEvents   = 500
+	maxPageBytes    = 64 << 10
+	maxStdinBytes   = 64 << 10
+	maxEnvVars      = 64
+	maxEnvBytes     = 32 << 10
+	maxListed       = 100
+)
+
+func (j *Jobs) ready() error {
+	if j == nil || j.Jobs == nil {
+		return brokererr.New(brokererr.Unavailable, "no sandbox backend is available on this broker")
+	}
+	return j.Engine.ready()
+}
+
+// NetworkArg is sandbox_config.network: "none", "public" or an object
+// with allowed_domains / denied_domains.
+type NetworkArg struct {
+	Policy egress.Policy
+}
+
+// UnmarshalJSON parses strictly; errors are structured.
+func (n *NetworkArg) UnmarshalJSON(b []byte) error {
+	p, err := egress.ParsePolicy(json.RawMessage(b))
+	if err != nil {
+		return err
+	}
+	n.Policy = p
+	return nil
+}
+
+// MarshalJSON records the normalised policy (the audit log keeps it).
+func (n NetworkArg) MarshalJSON() ([]byte, error) { return json.Marshal(n.Policy.String()) }
+
+// JSONSchema publishes the union.
+func (NetworkArg) JSONSchema() map[string]any { return egress.JSONSchema() }
+
+// SandboxConfig is execute_code's sandbox_config.
+type SandboxConfig struct {
+	Network *NetworkArg `json:"network,omitempty" desc:"Egress: \"none\" (default), \"public\" (any public address), or {\"allowed_domains\": [\"api.example.com\", \"*.example.org\"], \"denied_domains\": [...]}. Private, loopback, link-local and metadata addresses are always refused."`
+}
+
+// ExecuteCodeArgs are execute_code's and execute_code_async's arguments.
+type ExecuteCodeArgs struct {
+	Command           string            `json:"command" validate:"required,max=65536,clean" desc:"Shell command, run with bash -c in the session's sandbox."`
+	SessionID         string            `json:"session_id,omitempty" validate:"omitempty,session_id" audit:"clear" desc:"Session to use; omit to start a new one."`
+	TimeoutSeconds    int               `json:"timeout_seconds,omitempty" validate:"omitempty,min=1,max=3600" desc:"Wall-clock limit; the whole process tree is killed when it passes (default 60)."`
+	Interactive       bool              `json:"interactive,omitempty" desc:"Keep stdin open for send_stdin."`
+	WorkingDirectory  string            `json:"working_directory,omitempty" validate:"omitempty,max=1024,clean" audit:"clear" desc:"Directory relative to the workspace (/mnt/data); it must stay inside it."`
+	Environment       map[string]string `json:"environment,omitempty" validate:"omitempty,max=64,dive,max=8192,clean" desc:"Extra environment variables (names [A-Za-z_][A-Za-z0-9_]*; loader, shell-startup and proxy variables are refused)."`
+	SandboxConfig     *SandboxConfig    `json:"sandbox_config,omitempty" audit:"clear" desc:"Per-execution sandbox settings."`
+	WaitForCompletion *bool             `json:"wait_for_completion,omitempty" desc:"Wait (up to 50 s) for the command to finish (default true for execute_code). If it is still running, poll with get_execution_output."`
+}
+
+var envName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,127}$`)
+
+// deniedEnv are variables that change how programs load or how the shell
+// starts, or that would point traffic past the egress proxy.
+var deniedEnv = map[string]bool{
+	"BASH_ENV": true, "ENV": true, "IFS": true, "PS4": true, "SHELLOPTS": true, "BASHOPTS": true,
+	"PROMPT_COMMAND": true, "CDPATH": true, "GLOBIGNORE": true, "PATH": true,
+	"HTTP_PROXY": true, "HTTPS_PROXY": true, "ALL_PROXY": true, "NO_PROXY": true, "FTP_PROXY": true,
+	"NODE_OPTIONS": true, "PYTHONSTARTUP": true, "PYTHONPATH": true, "PERL5OPT": true, "RUBYOPT": true,
+}
+
+func checkEnv(env map[string]string) error {
+	total := 0
+	for k, v := range env {
+		if !envName.MatchString(k) {
+			return brokererr.New(brokererr.InvalidInput, "environment name %q is not allowed; use [A-Za-z_][A-Za-z0-9_]*", truncateName(k))
+		}
+		u := strings.ToUpper(k)
+		if deniedEnv[u] || strings.HasPrefix(u, "LD_") || strings.HasPrefix(u, "DYLD_") || strings.HasPrefix(u, "BASH_FUNC_") || strings.HasPrefix(u, "SANDBOX_") {
+			return brokererr.New(brokererr.InvalidInput, "environment variable %s may not be set", k)
+		}
+		total += len(k) + len(v)
+	}
+	if total > maxEnvBytes {
+		return brokererr.New(brokererr.InvalidInput, "environment is larger than %d bytes", maxEnvBytes)
+	}
+	return nil
+}
+
+func truncateName(s string) string {
+	if len(s) > 40 {
+		return s[:40] + "…"
+	}
+	return s
+}
+
+// ExecutionResult is what execute_code and get_execution_output return.
+type ExecutionResult struct {
+	ExecutionID string       `json:"execution_id"`
+	SessionID   string       `json:"session_id,omitempty"`
+	Status      string       `json:"status"`
+	ExitCode    *int         `json:"exit_code,omitempty"`
+	Output      []jobs.Event `json:"output"`
+	Dropped     int64        `json:"dropped,omitempty"`
+	NextSince   int64        `json:"next_since"`
+	More        bool         `json:"more,omitempty"`
+	Hint        string       `json:"hint,omitempty"`
+}
+
+// start validates and starts a job.
+func (j *Jobs) start(ctx context.Context, p identity.Principal, a *ExecuteCodeArgs) (execID, sessID string, err error) {
+	if err := j.ready(); err != nil {
+		return "", "", err
+	}
+	e := j.Engine
+	wd := ""
+	if a.WorkingDirectory != "" && a.WorkingDirectory != "." {
+		if wd, err = workspace.ValidatePath(strings.TrimSuffix(a.WorkingDirectory, "/")); err != nil {
+			return "", "", err
+		}
+	}
+	if err := checkEnv(a.Environment); err != nil {
+		return "", "", err
+	}
+	timeout := e.DefaultTimeout
+	if a.TimeoutSeconds > 0 {
+		timeout = time.Duration(a.TimeoutSeconds) * time.Second
+	}
+	if e.MaxTimeout > 0 && timeout > e.MaxTimeout {
+		return "", "", brokererr.New(brokererr.InvalidInput, "timeout_seconds may be at most %d", int(e.MaxTimeout/time.Second))
+	}
+	policy := egress.Policy{Mode: egress.ModeNone}
+	if a.SandboxConfig != nil && a.SandboxConfig.Network != nil {
+		policy = a.SandboxConfig.Network.Policy
+	}
+	dec, err := e.Exec.CheckExecution(ctx, p.ID, e.Limits(p))
+	if err != nil {
+		return "", "", brokererr.Wrap(err, brokererr.Unavailable, "quota store unavailable")
+	}
+	if !dec.Allowed {
+		return "", "", brokererr.New(brokererr.QuotaExceeded, "daily execution time is used up").WithRetryAfter(dec.RetryAfter)
+	}
+	lease, err := e.Sessions.Acquire(ctx, p.ID, a.SessionID, true)
+	if err != nil {
+		return "", "", err
+	}
+	defer lease.Release()
+	runner, ok := lease.Session.(sandbox.JobRunner)
+	if !ok {
+		return "", "", brokererr.New(brokererr.Unavailable, "this sandbox backend cannot run executions")
+	}
+	spec := sandbox.JobSpec{Command: a.Command, WorkDir: wd, Env: a.Environment, Timeout: timeout, Interactive: a.Interactive}
+	if policy.Mode != egress.ModeNone && j.Egress != nil {
+		spec.Egress = j.Egress(policy)
+	}
+	unpin := lease.Pin()
+	principal := p.ID
+	id, err := j.Jobs.Start(ctx, jobs.StartRequest{
+		Principal: p.ID, SessionID: lease.ID, SessionKey: lease.WorkspaceID, Runner: runner, Spec: spec, Network: policy.String(),
+		OnEnd: func(x sandbox.JobExit) {
+			unpin()
+			if x.Duration > 0 {
+				bctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+				_ = e.Exec.AddExecution(bctx, principal, x.Duration)
+				cancel()
+			}
+		},
+	})
+	if err != nil {
+		return "", "", err
+	}
+	return id, lease.ID, nil
+}
+
+// page reads events after since and cleans their text.
+func (j *Jobs) page(ctx context.Context, p identity.Principal, id string, since int64, wait time.Duration) (ExecutionResult, error) {
+	out, err := j.Jobs.Read(ctx, p.ID, id, jobs.ReadRequest{Since: since, Wait: wait, MaxEvents: maxPageEvents, MaxBytes: maxPageBytes})
+	if err != nil {
+		return ExecutionResult{}, err
+	}
+	res := ExecutionResult{ExecutionID: id, Status: out.Status, Dropped: out.Dropped, NextSince: out.Next, More: out.More, Output: out.Events}
+	if res.Output == nil {
+		res.Output = []jobs.Event{}
+	}
+	for i := range res.Output {
+		ev := &res.Output[i]
+		ev.Data, _ = cleanOutput([]byte(ev.Data), maxPageBytes)
+		if (ev.Type == jobs.EventExit || ev.Type == jobs.EventCancelled) && ev.Code != nil {
+			res.ExitCode = ev.Code
+		}
+	}
+	if res.Dropped > 0 {
+		res.Hint = "older output was dropped to respect the log's size cap"
+	}
+	return res, nil
+}
+
+// follow waits up to d for the job to end, streaming its output as
+// notifications, and returns the events from the start.
+func (j *Jobs) follow(ctx context.Context, p identity.Principal, id string, d time.Duration) (ExecutionResult, error) {
+	n := newNotifier(ctx, j.Engine.Redact)
+	done := j.Jobs.Done(p.ID, id)
+	timer := time.NewTimer(d)
+	defer timer.Stop()
+	var seen int64
+	for done != nil {
+		changed := j.Jobs.Changed(p.ID, id)
+		if n != nil {
+			out, err := j.Jobs.Read(ctx, p.ID, id, jobs.ReadRequest{Since: seen, MaxEvents: maxPageEvents, MaxBytes: maxPageBytes})
+			if err == nil {
+				for _, ev := range out.Events {
+					if ev.Type == jobs.EventStdout || ev.Type == jobs.EventStderr {
+						data, _ := cleanOutput([]byte(ev.Data), maxPageBytes)
+						n.output(ctx, ev.Type, data)
+					}
+					n.progress(ctx, "execution "+ev.Type)
+				}
+				seen = out.Next
+			}
+		}
+		if changed == nil {
+			break
+		}
+		select {
+		case <-done:
+			done = nil
+		case <-changed:
+		case <-timer.C:
+			done = nil
+		case <-ctx.Done():
+			done = nil
+		}
+	}
+	return j.page(ctx, p, id, 0, 0)
+}
+
+func withHint(r ExecutionResult) ExecutionResult {
+	if r.Status == jobs.StatusRunning && r.Hint == "" {
+		r.Hint = "still running: call get_execution_output with since=next_since (wait=true to long-poll)"
+	}
+	return r
+}
+
+// ExecuteCode runs a shell command as a job and waits for it (bounded).
+func (j *Jobs) ExecuteCode() ServerTool {
+	return newTool("execute_code",
+		"Run a shell command in your session's sandbox as a tracked execution. Waits up to 50 s for it to finish and returns its output events; longer commands keep running and are read with get_execution_output. No network unless sandbox_config.network allows it.",
+		256<<10, writeAnnotations("Execute command", false, false),
+		func(ctx context.Context, p identity.Principal, a *ExecuteCodeArgs) (*mcp.CallToolResult, error) {
+			id, sess, err := j.start(ctx, p, a)
+			if err != nil {
+				return nil, err
+			}
+			var res ExecutionResult
+			if a.WaitForCompletion == nil || *a.WaitForCompletion {
+				wait := maxInlineWait
+				if a.TimeoutSeconds > 0 && time.Duration(a.TimeoutSeconds)*time.Second+5*time.Second < wait {
+					wait = time.Duration(a.TimeoutSeconds)*time.Second + 5*time.Second
+				}
+				res, err = j.follow(ctx, p, id, wait)
+			} else {
+				res, err = j.page(ctx, p, id, 0, 0)
+			}
+			if err != nil {
+				return nil, err
+			}
+			res.SessionID = sess
+			return jsonResult(withHint(res))
+		})
+}
+
+// ExecuteCodeAsync starts a job and returns at once.
+func (j *Jobs) ExecuteCodeAsync() ServerTool {
+	return newTool("execute_code_async",
+		"Start a shell command in your session's sandbox and return at once with its execution_id; read output with get_execution_output, feed input with send_stdin, stop it with cancel_execution.",
+		256<<10, writeAnnotations("Start command", false, false),
+		func(ctx context.Context, p identity.Principal, a *ExecuteCodeArgs) (*mcp.CallToolResult, error) {
+			id, sess, err := j.start(ctx, p, a)
+			if err != nil {
+				return nil, err
+			}
+			return jsonResult(map[string]any{"execution_id": id, "session_id": sess, "status": jobs.StatusRunning})
+		})
+}
+
+// ExecutionIDArgs name one execution.
+type ExecutionIDArgs struct {
+	ExecutionID string `json:"execution_id" validate:"required,max=64,clean" audit:"clear" desc:"The execution_id from execute_code or execute_code_async."`
+}
+
+// GetExecutionOutputArgs are get_execution_output's arguments.
+type GetExecutionOutputArgs struct {
+	ExecutionID string `json:"execution_id" validate:"required,max=64,clean" audit:"clear" desc:"The execution_id from execute_code or execute_code_async."`
+	Since       int64  `json:"since,omitempty" validate:"min=0" desc:"Return events with seq greater than this (the previous call's next_since); 0 for all."`
+	Wait        bool   `json:"wait,omitempty" desc:"Long-poll: wait for new events if there are none yet."`
+	MaxWaitS    int    `json:"max_wait_s,omitempty" validate:"omitempty,min=1,max=50" desc:"Longest wait in seconds (default 25, at most 50)."`
+}
+
+// GetExecutionOutput reads a job's events by cursor.
+func (j *Jobs) GetExecutionOutput() ServerTool {
+	return newTool("get_execution_output",
+		"Read an execution's output events after the cursor `since` (events carry seq; pass the returned next_since next time). With wait=true it long-polls until new output arrives or the execution ends.",
+		0, readAnnotations("Read execution output"),
+		func(ctx context.Context, p identity.Principal, a *GetExecutionOutputArgs) (*mcp.CallToolResult, error) {
+			if err := j.ready(); err != nil {
+				return nil, err
+			}
+			var wait time.Duration
+			if a.Wait {
+				wait = defaultPollWait
+				if a.MaxWaitS > 0 {
+					wait = time.Duration(a.MaxWaitS) * time.Second
+				}
+			}
+			res, err := j.page(ctx, p, a.ExecutionID, a.Since, wait)
+			if err != nil {
+				return nil, err
+			}
+			return jsonResult(withHint(res))
+		})
+}
+
+// SendStdinArgs are send_stdin's arguments.
+type SendStdinArgs struct {
+	ExecutionID string `json:"execution_id" validate:"required,max=64,clean" audit:"clear" desc:"An interactive execution."`
+	InputData   string `json:"input_data" validate:"max=65536,clean" desc:"Text to write to its stdin (include \\n to end a line)."`
+	Close       bool   `json:"close,omitempty" desc:"Close stdin after writing (end of input)."`
+}
+
+// SendStdin writes to an interactive job's stdin.
+func (j *Jobs) SendStdin() ServerTool {
+	return newTool("send_stdin", "Write text to the stdin of an execution started with interactive=true; close=true ends its input.",
+		128<<10, writeAnnotations("Send stdin", false, false),
+		func(ctx context.Context, p identity.Principal, a *SendStdinArgs) (*mcp.CallToolResult, error) {
+			if err := j.ready(); err != nil {
+				return nil, err
+			}
+			if a.InputData == "" && !a.Close {
+				return nil, brokererr.New(brokererr.InvalidInput, "send input_data, close=true, or both")
+			}
+			if err := j.Jobs.SendStdin(ctx, p.ID, a.ExecutionID, []byte(a.InputData), a.Close); err != nil {
+				return nil, err
+			}
+			return jsonResult(map[string]any{"execution_id": a.ExecutionID, "bytes_written": len(a.InputData), "closed": a.Close})
+		})
+}
+
+// CancelExecutionArgs are cancel_execution's arguments.
+type CancelExecutionArgs struct {
+	ExecutionID string `json:"execution_id" validate:"required,max=64,clean" audit:"clear" desc:"The execution to stop."`
+	Force       bool   `json:"force,omitempty" desc:"SIGKILL at once instead of SIGTERM then SIGKILL after 5 s."`
+}
+
+// CancelExecution stops a job.
+func (j *Jobs) CancelExecution() ServerTool {
+	return newTool("cancel_execution", "Stop a running execution: SIGTERM to its whole process group, then SIGKILL after 5 s (force=true: SIGKILL at once).",
+		0, writeAnnotations("Cancel execution", true, true),
+		func(ctx context.Context, p identity.Principal, a *CancelExecutionArgs) (*mcp.CallToolResult, error) {
+			if err := j.ready(); err != nil {
+				return nil, err
+			}
+			info, err := j.Jobs.Cancel(ctx, p.ID, a.ExecutionID, a.Force)
+			if err != nil {
+				return nil, err
+			}
+			return jsonResult(info)
+		})
+}
+
+// ListExecutionsArgs are list_executions' arguments.
+type ListExecutionsArgs struct {
+	SessionID string `json:"session_id,omitempty" validate:"omitempty,session_id" audit:"clear" desc:"Only this session's executions."`
+}
+
+// ListExecutions lists the caller's executions.
+func (j *Jobs) ListExecutions() ServerTool {
+	return newTool("list_executions", "List your executions, newest first (at most 100), optionally in one session.",
+		0, readAnnotations("List executions"),
+		func(ctx context.Context, p identity.Principal, a *ListExecutionsArgs) (*mcp.CallToolResult, error) {
+			if err := j.ready(); err != nil {
+				return nil, err
+			}
+			list, err := j.Jobs.List(ctx, p.ID, a.SessionID, maxListed)
+			if err != nil {
+				return nil, err
+			}
+			for i := range list {
+				list[i].Command = truncateCommand(list[i].Command)
+			}
+			return jsonResult(map[string]any{"executions": list})
+		})
+}
+
+func truncateCommand(s string) string {
+	s, _ = cleanOutput([]byte(s), 200)
+	return s
+}
+
+// GetExecutionStatus reports one execution.
+func (j *Jobs) GetExecutionStatus() ServerTool {
+	return newTool("get_execution_status", "Report an execution's status, exit code and last event seq.",
+		0, readAnnotations("Execution status"),
+		func(ctx context.Context, p identity.Principal, a *ExecutionIDArgs) (*mcp.CallToolResult, error) {
+			if err := j.ready(); err != nil {
+				return nil, err
+			}
+			info, err := j.Jobs.Status(ctx, p.ID, a.ExecutionID)
+			if err != nil {
+				return nil, err
+			}
+			info.Command = truncateCommand(info.Command)
+			return jsonResult(info)
+		})
+}
