@@ -24,6 +24,7 @@ const tsRateLimit = 5
 // @modelcontextprotocol/sdk) against a fresh broker. Node and npm are
 // required: CI must install them, so their absence is a failure, not a skip.
 func TestTypeScriptSDK(t *testing.T) {
+	requireDocker(t) // run_code and execute_code need a sandbox backend
 	node, err := exec.LookPath("node")
 	if err != nil {
 		t.Fatalf("node is required for the TypeScript SDK tests (install Node.js >= 20 and put it on PATH): %v", err)
@@ -41,7 +42,7 @@ func TestTypeScriptSDK(t *testing.T) {
 	tokens := map[string]string{} // principal → token
 	var entries []map[string]string
 	for _, p := range []struct{ principal, tier string }{
-		{"ts-pro", "pro"}, {"ts-pro-aux", "pro"}, {"ts-free", "free"},
+		{"ts-pro", "pro"}, {"ts-pro-aux", "pro"}, {"ts-free", "free"}, {"ts-stream", "pro"},
 	} {
 		tok := randomToken(t)
 		tokens[p.principal] = tok
@@ -71,6 +72,7 @@ func TestTypeScriptSDK(t *testing.T) {
 		"BROKER_TOKEN="+tokens["ts-pro"],
 		"BROKER_AUX_TOKEN="+tokens["ts-pro-aux"],
 		"BROKER_FREE_TOKEN="+tokens["ts-free"],
+		"BROKER_STREAM_TOKEN="+tokens["ts-stream"],
 		"BROKER_RATE_LIMIT="+strconv.Itoa(tsRateLimit),
 		"NO_COLOR=1",
 	)

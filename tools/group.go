@@ -13,6 +13,9 @@ type Deps struct {
 	Engine   *Engine
 	Jobs     *Jobs
 	Projects *Projects
+	// GitHub is nil when no repository allow-list is configured.
+	GitHub       GitHubCommitter
+	SessionFiles SessionFiles
 }
 
 // Toolset names, also accepted by MCP_TOOLSETS / --toolsets.
@@ -25,7 +28,7 @@ const (
 )
 
 func init() {
-	for _, n := range []string{ToolsetAccount, ToolsetSandbox, ToolsetFiles, ToolsetJobs, ToolsetProjects} {
+	for _, n := range []string{ToolsetAccount, ToolsetSandbox, ToolsetFiles, ToolsetJobs, ToolsetProjects, ToolsetGitHub} {
 		config.KnownToolsets[n] = true
 	}
 }
@@ -50,5 +53,5 @@ func DefaultGroup(d Deps) *Group {
 	projectsSet := NewToolset(ToolsetProjects, "Web projects in hosted CodeSandbox VMs or local containers, with previews").
 		AddReadTools(d.Projects.ListSandboxes()).
 		AddWriteTools(d.Projects.CreateSandboxForProject(), d.Projects.WriteFilesToSandbox(), d.Projects.GetSandboxOutput())
-	return &Group{sets: []*Toolset{account, sandbox, files, jobsSet, projectsSet}}
+	return &Group{sets: []*Toolset{account, sandbox, files, jobsSet, projectsSet, GitHubToolset(d.GitHub, d.SessionFiles)}}
 }

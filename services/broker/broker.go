@@ -21,8 +21,11 @@ import (
 	"github.com/sandbox-broker/sandbox-broker/middleware"
 	"github.com/sandbox-broker/sandbox-broker/middleware/redact"
 	"github.com/sandbox-broker/sandbox-broker/services/files"
+	"github.com/sandbox-broker/sandbox-broker/services/github"
 	"github.com/sandbox-broker/sandbox-broker/services/identity"
+	"github.com/sandbox-broker/sandbox-broker/services/jobs"
 	"github.com/sandbox-broker/sandbox-broker/services/logging"
+	"github.com/sandbox-broker/sandbox-broker/services/projects"
 	"github.com/sandbox-broker/sandbox-broker/services/quota"
 	"github.com/sandbox-broker/sandbox-broker/services/sandbox"
 	"github.com/sandbox-broker/sandbox-broker/services/sessions"
@@ -47,7 +50,11 @@ type Broker struct {
 	// Sandbox engine; backend and sandboxes are nil when none is available.
 	backend   sandbox.Backend
 	sandboxes *sessions.Manager
+	jobs      *jobs.Manager
+	projects  *projects.Manager // nil without a project provider
+	github    *github.Manager   // nil without GITHUB_REPOS_FILE
 	signer    *files.Signer
+	loopCtx   context.Context
 	stop      context.CancelFunc // ends background loops
 	loops     sync.WaitGroup     // background loops, waited for on Close
 	poolStats func() map[string]int
@@ -85,6 +92,11 @@ func New(ctx context.Context, cfg config.Config, opts Options) (b *Broker, err e
 	}()
 
 	secrets := cfg.SecretValues()
+	repos, ghTokens, err := loadGitHubRepos(cfg)
+	if err != nil {
+		return nil, err
+	}
+	secrets = append(secrets, ghTokens...)
 	if cfg.Transport == "http" {
 		var token string
 		if b.tokens, token, err = loadTokens(cfg, opts.Notice); err != nil {
@@ -119,7 +131,15 @@ func New(ctx context.Context, cfg config.Config, opts Options) (b *Broker, err e
 		return nil, err
 	}
 
-	group := tools.DefaultGroup(tools.Deps{Usage: b.quota, Limits: b.limits, Engine: b.engine(cfg)})
+	if err := b.openGitHub(ctx, cfg, repos); err != nil {
+		return nil, err
+	}
+	eng := b.engine(cfg)
+	gh, sf := b.githubDeps()
+	deps := tools.Deps{Usage: b.quota, Limits: b.limits, Engine: eng,
+		Jobs: &tools.Jobs{Engine: eng, Jobs: b.jobs, Egress: b.egressFor}, Projects: &tools.Projects{Manager: b.projects},
+		GitHub: gh, SessionFiles: sf}
+	group := tools.DefaultGroup(deps)
 	if b.tools, err = group.Enable(cfg.Toolsets, cfg.ReadOnly); err != nil {
 		return nil, err
 	}
@@ -152,6 +172,8 @@ func (b *Broker) newMCPServer() *server.MCPServer {
 	opts := []server.ServerOption{
 		server.WithToolCapabilities(false),
 		server.WithResourceCapabilities(false, false),
+		// Execution output streams as log messages at the client's level.
+		server.WithLogging(),
 		server.WithInstructions("sandbox-broker runs code in hardened sandboxes. Call get_usage to see your limits."),
 	}
 	// Outermost, as a last resort: a panic in the chain itself becomes a
@@ -180,8 +202,15 @@ func (b *Broker) Close() error {
 	b.loops.Wait() // the reaper must not touch stores being closed
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
+	// Jobs first: they run in the sessions' sandboxes.
+	if b.jobs != nil {
+		errs = append(errs, b.jobs.Close(ctx))
+	}
 	if b.sandboxes != nil {
 		errs = append(errs, b.sandboxes.Close(ctx))
+	}
+	if b.projects != nil {
+		errs = append(errs, b.projects.Provider().Close(ctx), b.projects.Close())
 	}
 	if b.backend != nil {
 		errs = append(errs, b.backend.Close(ctx))

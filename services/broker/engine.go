@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -13,10 +14,17 @@ import (
 
 	"github.com/sandbox-broker/sandbox-broker/config"
 	"github.com/sandbox-broker/sandbox-broker/services/brokererr"
+	"github.com/sandbox-broker/sandbox-broker/services/codesandbox"
 	"github.com/sandbox-broker/sandbox-broker/services/docker"
+	"github.com/sandbox-broker/sandbox-broker/services/egress"
 	"github.com/sandbox-broker/sandbox-broker/services/files"
 	"github.com/sandbox-broker/sandbox-broker/services/identity"
+	"github.com/sandbox-broker/sandbox-broker/services/jobs"
 	"github.com/sandbox-broker/sandbox-broker/services/logging"
+	"github.com/sandbox-broker/sandbox-broker/services/process"
+	"github.com/sandbox-broker/sandbox-broker/services/projects"
+	"github.com/sandbox-broker/sandbox-broker/services/projects/local"
+	"github.com/sandbox-broker/sandbox-broker/services/sandbox"
 	"github.com/sandbox-broker/sandbox-broker/services/sessions"
 	"github.com/sandbox-broker/sandbox-broker/services/workspace"
 	"github.com/sandbox-broker/sandbox-broker/tools"
@@ -44,9 +52,10 @@ func (b *Broker) openSigner(cfg config.Config) ([]string, error) {
 	return []string{string(active), hex.EncodeToString(active)}, nil
 }
 
-// openEngine starts the sandbox backend. A missing Docker daemon is not
-// fatal: the broker serves its other tools, sandbox tools answer
-// UNAVAILABLE, and /readyz reports the backend as failing.
+// openEngine starts the sandbox backend, the session and job stores and
+// the project provider. A missing backend is not fatal: the broker serves
+// its other tools, sandbox tools answer UNAVAILABLE, and /readyz reports
+// the backend as failing.
 func (b *Broker) openEngine(ctx context.Context, cfg config.Config) error {
 	if cfg.Backend == "none" {
 		return nil
@@ -55,26 +64,13 @@ func (b *Broker) openEngine(ctx context.Context, cfg config.Config) error {
 	if err != nil {
 		return fmt.Errorf("install the sandbox agent: %w", err)
 	}
-	eng, err := docker.New(ctx, docker.Options{
-		Root:        cfg.Root,
-		AgentBinary: agentBin,
-		PoolSize:    cfg.PoolSize,
-		Memory:      cfg.MemoryMB << 20,
-		NanoCPUs:    int64(cfg.CPUs) * 1_000_000,
-		PidsLimit:   cfg.PidsLimit,
-		Runtime:     cfg.Runtime,
-		InstanceID:  instanceID(),
-		Log:         logging.Component(b.log, "docker"),
-		WorkspaceLimits: workspace.Limits{MaxFiles: cfg.MaxFiles, MaxBytes: cfg.MaxWorkspaceMB << 20,
-			MaxFileBytes: min(cfg.MaxWorkspaceMB<<20, 64<<20)},
-	})
+	eng, dockerOK, err := b.openBackend(ctx, cfg, agentBin)
 	if err != nil {
 		b.log.Error().Str("backend", cfg.Backend).Str("cause", b.redactor.Message(err.Error(), 300)).Msg("sandbox_backend_unavailable")
 		b.checks = append(b.checks, check{"sandbox_backend", func(context.Context) error { return err }})
-		return nil
+		return b.openProjects(ctx, cfg, agentBin, false)
 	}
 	b.backend = eng
-	b.poolStats = func() map[string]int { return eng.Stats().PoolReady }
 	b.checks = append(b.checks, check{"sandbox_backend", eng.Ping})
 	b.sandboxes, err = sessions.Open(ctx, sessions.Options{
 		DBPath:      filepath.Join(cfg.Root, "state.db"),
@@ -89,14 +85,92 @@ func (b *Broker) openEngine(ctx context.Context, cfg config.Config) error {
 		return fmt.Errorf("open sessions: %w", err)
 	}
 	b.checks = append(b.checks, check{"sessions", b.sandboxes.Ping})
-	loops, stop := context.WithCancel(context.Background())
-	b.stop = stop
+	if b.jobs, err = jobs.Open(ctx, jobs.Options{
+		DBPath:        filepath.Join(cfg.Root, "state.db"),
+		Dir:           filepath.Join(cfg.Root, "jobs"),
+		MaxConcurrent: cfg.MaxConcurrent,
+		MaxPerSession: cfg.MaxPerSession,
+		LogMaxBytes:   cfg.JobLogMaxBytes,
+		Log:           logging.Component(b.log, "jobs"),
+	}); err != nil {
+		return fmt.Errorf("open jobs: %w", err)
+	}
+	b.checks = append(b.checks, check{"jobs", b.jobs.Ping})
+	b.loop(func(ctx context.Context) {
+		b.sandboxes.RunReaper(ctx, reapEvery(time.Duration(cfg.IdleTimeoutMS)*time.Millisecond))
+	})
+	return b.openProjects(ctx, cfg, agentBin, dockerOK)
+}
+
+// loop runs fn in the background until Close.
+func (b *Broker) loop(fn func(context.Context)) {
+	if b.stop == nil {
+		b.loopCtx, b.stop = context.WithCancel(context.Background())
+	}
 	b.loops.Add(1)
 	go func() {
 		defer b.loops.Done()
-		b.sandboxes.RunReaper(loops, reapEvery(time.Duration(cfg.IdleTimeoutMS)*time.Millisecond))
+		fn(b.loopCtx)
 	}()
-	return nil
+}
+
+// openBackend starts the configured backend; "auto" prefers Docker and
+// falls back to the process sandbox when no daemon answers, so a fresh
+// machine works out of the box. dockerOK says Docker is the backend.
+func (b *Broker) openBackend(ctx context.Context, cfg config.Config, agentBin string) (sandbox.Backend, bool, error) {
+	if cfg.Backend == "docker" || cfg.Backend == "auto" {
+		eng, err := docker.New(ctx, docker.Options{
+			Root:        cfg.Root,
+			AgentBinary: agentBin,
+			PoolSize:    cfg.PoolSize,
+			Memory:      cfg.MemoryMB << 20,
+			NanoCPUs:    int64(cfg.CPUs) * 1_000_000,
+			PidsLimit:   cfg.PidsLimit,
+			Runtime:     cfg.Runtime,
+			InstanceID:  instanceID(),
+			Log:         logging.Component(b.log, "docker"),
+			WorkspaceLimits: workspace.Limits{MaxFiles: cfg.MaxFiles, MaxBytes: cfg.MaxWorkspaceMB << 20,
+				MaxFileBytes: min(cfg.MaxWorkspaceMB<<20, 64<<20)},
+		})
+		if err == nil {
+			b.poolStats = func() map[string]int { return eng.Stats().PoolReady }
+			return eng, true, nil
+		}
+		if cfg.Backend == "docker" {
+			return nil, false, err
+		}
+		b.log.Warn().Str("cause", b.redactor.Message(err.Error(), 200)).Msg("docker_unavailable_using_process_backend")
+	}
+	eng, err := process.New(ctx, process.Options{
+		Root:        cfg.Root,
+		AgentBinary: agentBin,
+		UID:         cfg.ProcessUID,
+		GID:         cfg.ProcessUID,
+		MemoryBytes: cfg.MemoryMB << 20,
+		PidsLimit:   cfg.PidsLimit,
+		CPUMilli:    int64(cfg.CPUs),
+		Log:         logging.Component(b.log, "process"),
+		WorkspaceLimits: workspace.Limits{MaxFiles: cfg.MaxFiles, MaxBytes: cfg.MaxWorkspaceMB << 20,
+			MaxFileBytes: min(cfg.MaxWorkspaceMB<<20, 64<<20)},
+	})
+	return eng, false, err
+}
+
+// egressFor returns a job's egress proxy for policy: it resolves and dials
+// from the broker's host, checking every address against the blocked ranges.
+func (b *Broker) egressFor(policy egress.Policy) func(net.Listener) {
+	log := logging.Component(b.log, "egress")
+	return func(ln net.Listener) {
+		p := egress.New(egress.Options{
+			Policy:   policy,
+			Resolver: net.DefaultResolver,
+			Dialer:   &net.Dialer{},
+			MaxConns: b.cfg.EgressMaxConns,
+			MaxBytes: b.cfg.EgressMaxMB << 20,
+			Log:      log,
+		})
+		_ = p.Serve(ln)
+	}
 }
 
 // installAgent copies the broker's own binary (it doubles as the in-sandbox
@@ -171,7 +245,7 @@ func (b *Broker) reserveSandbox(ctx context.Context, principal string) error {
 }
 
 func (b *Broker) engine(cfg config.Config) *tools.Engine {
-	e := &tools.Engine{URLs: b.signer, Exec: b.quota, Limits: b.limits,
+	e := &tools.Engine{URLs: b.signer, Exec: b.quota, Limits: b.limits, Redact: b.redactor.String,
 		DefaultTimeout: time.Duration(cfg.TimeoutS) * time.Second, MaxTimeout: time.Duration(cfg.MaxTimeoutS) * time.Second}
 	if b.sandboxes != nil {
 		e.Sessions, e.Backend = b.sandboxes, b.backend
@@ -195,4 +269,48 @@ func instanceID() string {
 	var b [6]byte
 	_, _ = rand.Read(b[:])
 	return hex.EncodeToString(b[:])
+}
+
+// openProjects picks the project provider: CodeSandbox with CSB_API_KEY,
+// else the local Docker engine; with neither, the project tools answer
+// UNAVAILABLE.
+func (b *Broker) openProjects(ctx context.Context, cfg config.Config, agentBin string, dockerOK bool) error {
+	var p projects.Provider
+	var err error
+	switch {
+	case cfg.CSBAPIKey.Reveal() != "":
+		p, err = codesandbox.NewProvider(codesandbox.ProviderOptions{
+			API: codesandbox.Options{BaseURL: cfg.CSBAPIURL, APIKey: cfg.CSBAPIKey.Reveal(), Log: logging.Component(b.log, "codesandbox")},
+			Log: logging.Component(b.log, "codesandbox"),
+		})
+	case dockerOK:
+		p, err = local.New(ctx, local.Options{
+			Root:        filepath.Join(cfg.Root, "projects"),
+			AgentBinary: agentBin,
+			Link: func(id string) (string, error) {
+				u, _, err := b.signer.PreviewURL(id)
+				return u, err
+			},
+			Runtime: cfg.Runtime,
+			Log:     logging.Component(b.log, "projects"),
+		})
+	default:
+		return nil
+	}
+	if err != nil {
+		b.log.Error().Str("cause", b.redactor.Message(err.Error(), 300)).Msg("project_provider_unavailable")
+		b.checks = append(b.checks, check{"projects", func(context.Context) error { return err }})
+		return nil
+	}
+	if b.projects, err = projects.Open(ctx, projects.Options{
+		DBPath: filepath.Join(cfg.Root, "state.db"), Provider: p, Log: logging.Component(b.log, "projects"),
+	}); err != nil {
+		cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		_ = p.Close(cctx)
+		cancel()
+		return fmt.Errorf("open projects: %w", err)
+	}
+	b.checks = append(b.checks, check{"projects", b.projects.Ping})
+	b.loop(func(ctx context.Context) { b.projects.RunReaper(ctx, time.Minute) })
+	return nil
 }

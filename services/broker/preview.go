@@ -45,7 +45,7 @@ func (b *Broker) previewHandler(ps projects.PreviewServer) http.Handler {
 			return
 		}
 		if fromQuery {
-			// The CSP sandbox below gives the page an opaque origin, so its
+			// The provider's CSP sandbox gives the page an opaque origin, so its
 			// asset requests count as cross-site: SameSite=None where the
 			// browser allows it (HTTPS), Lax otherwise.
 			secure := r.TLS != nil || strings.HasPrefix(b.signer.BaseURL, "https://")
@@ -61,8 +61,6 @@ func (b *Broker) previewHandler(ps projects.PreviewServer) http.Handler {
 			http.Error(w, "preview unavailable: "+b.redactor.Message(err.Error(), 200), http.StatusServiceUnavailable)
 			return
 		}
-		// The app is untrusted: keep it from scripting the broker's origin.
-		w.Header().Set("Content-Security-Policy", "sandbox allow-scripts allow-forms allow-popups")
 		r2 := r.Clone(r.Context())
 		r2.URL.Path = "/" + sub
 		r2.URL.RawPath = ""
@@ -83,4 +81,14 @@ func stripProof(q string) string {
 		}
 	}
 	return strings.Join(keep, "&")
+}
+
+// projectPreviews returns the provider's preview server when the broker
+// serves previews itself (the local provider).
+func (b *Broker) projectPreviews() (projects.PreviewServer, bool) {
+	if b.projects == nil {
+		return nil, false
+	}
+	ps, ok := b.projects.Provider().(projects.PreviewServer)
+	return ps, ok
 }

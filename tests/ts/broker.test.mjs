@@ -7,6 +7,7 @@
 //   BROKER_TOKEN       pro principal "ts-pro"; only the get_usage test calls tools with it
 //   BROKER_AUX_TOKEN   pro principal "ts-pro-aux"; for tests that need a working client
 //   BROKER_FREE_TOKEN  free principal "ts-free"; only the rate-limit test uses it
+//   BROKER_STREAM_TOKEN pro principal "ts-stream"; the streaming test (2 calls)
 //   BROKER_RATE_LIMIT  the broker's RATE_LIMIT_PER_MINUTE
 //
 // RATE_LIMIT_PER_MINUTE applies to every principal, so each principal's tool
@@ -22,7 +23,7 @@ import {
   StreamableHTTPClientTransport,
   StreamableHTTPError,
 } from '@modelcontextprotocol/sdk/client/streamableHttp.js';
-import { ErrorCode, McpError } from '@modelcontextprotocol/sdk/types.js';
+import { ErrorCode, LoggingMessageNotificationSchema, McpError } from '@modelcontextprotocol/sdk/types.js';
 
 function requireEnv(name) {
   const v = process.env[name];
@@ -37,6 +38,7 @@ const MCP_URL = new URL(`${BASE_URL}/mcp`);
 const PRO_TOKEN = requireEnv('BROKER_TOKEN');
 const AUX_TOKEN = requireEnv('BROKER_AUX_TOKEN');
 const FREE_TOKEN = requireEnv('BROKER_FREE_TOKEN');
+const STREAM_TOKEN = requireEnv('BROKER_STREAM_TOKEN');
 const RATE_LIMIT = Number.parseInt(requireEnv('BROKER_RATE_LIMIT'), 10);
 if (!Number.isInteger(RATE_LIMIT) || RATE_LIMIT < 1 || RATE_LIMIT > 50) {
   throw new Error(`BROKER_RATE_LIMIT must be a small positive integer, got ${process.env.BROKER_RATE_LIMIT}`);
@@ -314,5 +316,36 @@ test('an unknown tool is a JSON-RPC error and the client keeps working', { timeo
     assert.equal(u.tier, 'pro');
     const { tools } = await client.listTools();
     assert.ok(tools.some((t) => t.name === 'get_usage'));
+  });
+});
+
+test('a 5 s run_code sends progress notifications; execute_code streams output as log messages', { timeout: 60_000 }, async () => {
+  await withClient(STREAM_TOKEN, async (client) => {
+    const progress = [];
+    const started = Date.now();
+    const res = await client.callTool(
+      { name: 'run_code', arguments: { language: 'python', code: 'import time\nfor i in range(5):\n    time.sleep(1)\nprint("slept")' } },
+      undefined,
+      { onprogress: (p) => progress.push({ ...p, at: Date.now() - started }), timeout: 50_000 },
+    );
+    const out = structured(res);
+    assert.equal(out.stdout, 'slept\n', JSON.stringify(out));
+    assert.ok(progress.length >= 3, `want several progress notifications during the run, got ${JSON.stringify(progress)}`);
+    for (let i = 1; i < progress.length; i++) {
+      assert.ok(progress[i].progress > progress[i - 1].progress, `progress must increase: ${JSON.stringify(progress)}`);
+    }
+    assert.ok(progress[0].at < 4000, `first progress came only after ${progress[0].at} ms`);
+
+    const lines = [];
+    client.setNotificationHandler(LoggingMessageNotificationSchema, (n) => lines.push(n.params));
+    await client.setLoggingLevel('info');
+    const exec = structured(await client.callTool(
+      { name: 'execute_code', arguments: { session_id: out.session_id, command: 'for i in 1 2 3; do echo "tick $i"; sleep 0.3; done' } },
+      undefined,
+      { onprogress: () => {}, timeout: 50_000 },
+    ));
+    assert.equal(exec.status, 'completed', JSON.stringify(exec));
+    const streamed = lines.filter((l) => l.logger === 'sandbox.stdout').map((l) => l.data).join('');
+    assert.equal(streamed, 'tick 1\ntick 2\ntick 3\n', JSON.stringify(lines));
   });
 });

@@ -1,0 +1,87 @@
+package broker
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strings"
+
+	"github.com/sandbox-broker/sandbox-broker/config"
+	"github.com/sandbox-broker/sandbox-broker/services/brokererr"
+	"github.com/sandbox-broker/sandbox-broker/services/github"
+	"github.com/sandbox-broker/sandbox-broker/services/logging"
+	"github.com/sandbox-broker/sandbox-broker/tools"
+)
+
+// loadGitHubRepos reads the allow-list and its tokens (from the env
+// variables it names, never from the file). Classic tokens are refused here,
+// at start. It returns the tokens so the redactor knows them.
+func loadGitHubRepos(cfg config.Config) ([]github.Repo, []string, error) {
+	if cfg.GitHubReposFile == "" {
+		return nil, nil, nil
+	}
+	repos, err := github.LoadRepos(cfg.GitHubReposFile, os.LookupEnv)
+	if err != nil {
+		return nil, nil, fmt.Errorf("GITHUB_REPOS_FILE: %w", err)
+	}
+	return repos, github.Tokens(repos), nil
+}
+
+// openGitHub starts the manager; its push checks feed /readyz.
+func (b *Broker) openGitHub(ctx context.Context, cfg config.Config, repos []github.Repo) error {
+	if len(repos) == 0 {
+		return nil
+	}
+	m, err := github.New(ctx, github.Options{APIURL: cfg.GitHubAPIURL, Repos: repos, Log: logging.Component(b.log, "github")})
+	if err != nil {
+		return fmt.Errorf("github: %w", err)
+	}
+	b.github = m
+	b.checks = append(b.checks, check{"github", func(context.Context) error {
+		var bad []string
+		for id, st := range m.Status() {
+			if st != "ok" {
+				bad = append(bad, id+": "+st)
+			}
+		}
+		if len(bad) > 0 {
+			return fmt.Errorf("%s", strings.Join(bad, "; "))
+		}
+		return nil
+	}})
+	return nil
+}
+
+// githubDeps returns the GitHub tools' dependencies (nil interfaces when
+// no allow-list is configured, so the tools answer UNAVAILABLE).
+func (b *Broker) githubDeps() (tools.GitHubCommitter, tools.SessionFiles) {
+	var sf tools.SessionFiles
+	if b.sandboxes != nil {
+		sf = sessionFiles{b}
+	}
+	if b.github == nil {
+		return nil, sf
+	}
+	return b.github, sf
+}
+
+// sessionFiles reads files a sandbox session produced, for
+// commit_session_files: the caller must own the session, and reads go
+// through the session's os.Root-confined file access.
+type sessionFiles struct{ b *Broker }
+
+func (s sessionFiles) ReadSessionFile(ctx context.Context, principal, sessionID, path string, max int64) ([]byte, error) {
+	lease, err := s.b.sandboxes.Acquire(ctx, principal, sessionID, false)
+	if err != nil {
+		return nil, err
+	}
+	defer lease.Release()
+	f, err := lease.Session.ReadFile(ctx, path, 0, max)
+	if err != nil {
+		return nil, err
+	}
+	if f.Size > max {
+		return nil, brokererr.New(brokererr.FileSizeExceeded, "%s is larger than %d bytes", path, max)
+	}
+	return f.Data, nil
+}

@@ -1,0 +1,160 @@
+package ghfake_test
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sandbox-broker/sandbox-broker/services/github/ghfake"
+)
+
+var pat = "github_" + "pat_" + strings.Repeat("Ab9", 20)
+
+type answer struct {
+	status int
+	body   map[string]any
+	header http.Header
+}
+
+func do(t *testing.T, f *ghfake.Fake, method, path, auth, body string) answer {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, method, strings.TrimSuffix(f.URL(), "/")+path, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if auth != "" {
+		req.Header.Set("Authorization", auth)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	a := answer{status: resp.StatusCode, header: resp.Header}
+	_ = json.Unmarshal(b, &a.body)
+	return a
+}
+
+func TestFakeIsStrict(t *testing.T) {
+	f := ghfake.New()
+	defer f.Close()
+	f.AddRepo("acme", "widgets")
+	f.Grant(pat, "acme", "widgets", true)
+	ro := "github_" + "pat_" + strings.Repeat("Ro7", 20)
+	f.Grant(ro, "acme", "widgets", false)
+	bearer, tok := "Bearer "+pat, "token "+pat
+	head, _ := f.Head("acme", "widgets", "main")
+
+	cases := []struct {
+		name, method, path, auth, body string
+		status                         int
+		message                        string
+	}{
+		{"no auth", "GET", "/repos/acme/widgets", "", "", 401, "Requires authentication"},
+		{"unknown token", "GET", "/repos/acme/widgets", "Bearer github_pat_nope", "", 401, "Bad credentials"},
+		{"basic auth", "GET", "/repos/acme/widgets", "Basic eDp5", "", 401, "Bad credentials"},
+		{"repo not granted", "GET", "/repos/acme/other", bearer, "", 404, "Not Found"},
+		{"token scheme", "GET", "/repos/acme/widgets", tok, "", 200, ""},
+		{"get ref", "GET", "/repos/acme/widgets/git/ref/heads/main", bearer, "", 200, ""},
+		{"get ref plural path is not the API", "GET", "/repos/acme/widgets/git/refs/heads/main", bearer, "", 404, "Not Found"},
+		{"bad JSON", "POST", "/repos/acme/widgets/git/blobs", bearer, `{"content":`, 400, "Problems parsing JSON"},
+		{"unknown field", "POST", "/repos/acme/widgets/git/blobs", bearer, `{"content":"x","evil":1}`, 422, "Invalid request"},
+		{"wrong type", "POST", "/repos/acme/widgets/git/blobs", bearer, `{"content":1}`, 422, "Invalid request"},
+		{"bad encoding", "POST", "/repos/acme/widgets/git/blobs", bearer, `{"content":"x","encoding":"rot13"}`, 422, "Validation Failed"},
+		{"read-only token write", "POST", "/repos/acme/widgets/git/blobs", "Bearer " + ro, `{"content":"x"}`, 403, "Resource not accessible by personal access token"},
+		{"unknown base tree", "POST", "/repos/acme/widgets/git/trees", bearer, `{"base_tree":"` + strings.Repeat("0", 40) + `","tree":[]}`, 422, "base_tree"},
+		{"unknown blob in tree", "POST", "/repos/acme/widgets/git/trees", bearer, `{"tree":[{"path":"a","mode":"100644","type":"blob","sha":"` + strings.Repeat("1", 40) + `"}]}`, 422, "not a valid blob"},
+		{"tree path escape", "POST", "/repos/acme/widgets/git/trees", bearer, `{"tree":[{"path":"../a","mode":"100644","type":"blob","content":"x"}]}`, 422, "malformed path"},
+		{"tree sha and content", "POST", "/repos/acme/widgets/git/trees", bearer, `{"tree":[{"path":"a","mode":"100644","type":"blob","content":"x","sha":"` + strings.Repeat("1", 40) + `"}]}`, 422, "either"},
+		{"commit unknown tree", "POST", "/repos/acme/widgets/git/commits", bearer, `{"message":"m","tree":"` + strings.Repeat("2", 40) + `"}`, 422, "Tree SHA does not exist"},
+		{"ref unknown sha", "POST", "/repos/acme/widgets/git/refs", bearer, `{"ref":"refs/heads/x","sha":"` + strings.Repeat("3", 40) + `"}`, 422, "Object does not exist"},
+		{"ref exists", "POST", "/repos/acme/widgets/git/refs", bearer, `{"ref":"refs/heads/main","sha":"` + head + `"}`, 422, "Reference already exists"},
+		{"bad ref name", "POST", "/repos/acme/widgets/git/refs", bearer, `{"ref":"heads/x","sha":"` + head + `"}`, 422, "not a valid ref name"},
+		{"update missing ref", "PATCH", "/repos/acme/widgets/git/refs/heads/nope", bearer, `{"sha":"` + head + `"}`, 422, "Reference does not exist"},
+		{"pr without commits", "POST", "/repos/acme/widgets/pulls", bearer, `{"title":"t","head":"main","base":"main"}`, 422, "Validation Failed"},
+		{"pulls unknown query", "GET", "/repos/acme/widgets/pulls?evil=1", bearer, "", 422, "Unknown parameter"},
+		{"contents missing", "GET", "/repos/acme/widgets/contents/nope.txt", bearer, "", 404, "Not Found"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			a := do(t, f, c.method, c.path, c.auth, c.body)
+			if a.status != c.status {
+				t.Fatalf("status %d, want %d: %v", a.status, c.status, a.body)
+			}
+			if msg, _ := a.body["message"].(string); c.message != "" && !strings.Contains(msg, c.message) {
+				t.Fatalf("message %q, want %q", msg, c.message)
+			}
+		})
+	}
+	if a := do(t, f, "POST", "/repos/acme/widgets/git/blobs", "Bearer "+ro, `{"content":"x"}`); a.header.Get("X-Accepted-GitHub-Permissions") != "contents=write" {
+		t.Errorf("403 lacks X-Accepted-GitHub-Permissions: %v", a.header)
+	}
+	reqs := f.Requests()
+	if len(reqs) != len(cases)+1 {
+		t.Fatalf("recorded %d requests, want %d", len(reqs), len(cases)+1)
+	}
+	for _, r := range reqs {
+		if strings.Contains(string(r.Body)+r.Path+r.Query, pat) {
+			t.Fatal("a token was recorded")
+		}
+	}
+	if h, _ := f.Head("acme", "widgets", "main"); h != head || f.CommitCount("acme", "widgets", "main") != 1 {
+		t.Error("refused requests changed the repository")
+	}
+}
+
+func TestFakeFastForwardOnly(t *testing.T) {
+	f := ghfake.New()
+	defer f.Close()
+	f.AddRepo("acme", "widgets")
+	f.Grant(pat, "acme", "widgets", true)
+	first, _ := f.Head("acme", "widgets", "main")
+	second := f.PushCommit("acme", "widgets", "main", map[string]string{"a": "1"}, "two")
+	auth := "Bearer " + pat
+	a := do(t, f, "PATCH", "/repos/acme/widgets/git/refs/heads/main", auth, `{"sha":"`+first+`","force":false}`)
+	if a.status != 422 || a.body["message"] != "Update is not a fast forward" {
+		t.Fatalf("rewind without force: %d %v", a.status, a.body)
+	}
+	if a := do(t, f, "PATCH", "/repos/acme/widgets/git/refs/heads/main", auth, `{"sha":"`+first+`","force":true}`); a.status != 200 {
+		t.Fatalf("forced rewind: %d %v", a.status, a.body)
+	}
+	if a := do(t, f, "PATCH", "/repos/acme/widgets/git/refs/heads/main", auth, `{"sha":"`+second+`"}`); a.status != 200 {
+		t.Fatalf("fast forward: %d %v", a.status, a.body)
+	}
+	if h, _ := f.Head("acme", "widgets", "main"); h != second {
+		t.Fatalf("head %s, want %s", h, second)
+	}
+}
+
+func TestFakeRateLimitHooks(t *testing.T) {
+	f := ghfake.New()
+	defer f.Close()
+	f.AddRepo("acme", "widgets")
+	f.Grant(pat, "acme", "widgets", true)
+	f.LimitNext(1, ghfake.PrimaryLimit)
+	f.LimitNext(1, ghfake.SecondaryLimit)
+	f.LimitNext(1, ghfake.TooManyRequests)
+	auth := "Bearer " + pat
+	a := do(t, f, "GET", "/repos/acme/widgets", auth, "")
+	if a.status != 403 || a.header.Get("X-RateLimit-Remaining") != "0" || a.header.Get("X-RateLimit-Reset") == "" {
+		t.Errorf("primary: %d %v", a.status, a.header)
+	}
+	a = do(t, f, "GET", "/repos/acme/widgets", auth, "")
+	if doc, _ := a.body["documentation_url"].(string); a.status != 403 || a.header.Get("Retry-After") != "30" || !strings.HasSuffix(doc, "secondary-rate-limits") {
+		t.Errorf("secondary: %d %v %v", a.status, a.header, a.body)
+	}
+	a = do(t, f, "GET", "/repos/acme/widgets", auth, "")
+	if a.status != 429 || a.header.Get("Retry-After") != "30" {
+		t.Errorf("429: %d %v", a.status, a.header)
+	}
+	if a := do(t, f, "GET", "/repos/acme/widgets", auth, ""); a.status != 200 {
+		t.Errorf("after the limits: %d", a.status)
+	}
+}

@@ -1,0 +1,431 @@
+// Package process is the bubblewrap execution engine for hosts without
+// Docker: every session's code runs under one long-lived in-sandbox agent
+// (services/agent) started inside bwrap with fresh user, pid, ipc, uts,
+// net and cgroup namespaces, a read-only view of the host's /usr, a
+// synthetic /etc, rlimits and (when the host allows it) a cgroup of its
+// own. Sandboxes run as an unprivileged host uid.
+package process
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/sandbox-broker/sandbox-broker/services/agent"
+	"github.com/sandbox-broker/sandbox-broker/services/brokererr"
+	"github.com/sandbox-broker/sandbox-broker/services/sandbox"
+	"github.com/sandbox-broker/sandbox-broker/services/workspace"
+)
+
+// Options configure a Backend. Zero numeric fields take defaults.
+type Options struct {
+	// Root is SANDBOX_ROOT: <Root>/run holds per-sandbox run dirs and pid
+	// files, <Root>/bin the agent binary, <Root>/etc-sandbox the synthetic
+	// /etc. Root and its parents must be traversable by UID.
+	Root string
+	// AgentBinary is the host path of the broker binary; New installs a
+	// copy at <Root>/bin/sandbox-agent (unless it already is that file),
+	// which is bind-mounted read-only at AgentPath.
+	AgentBinary string
+	// UID is the host uid sandboxes run as when the broker is root
+	// (SANDBOX_PROCESS_UID, default 65534); GID defaults to UID. When the
+	// broker is not root, sandboxes run as the broker's own uid and gid.
+	UID, GID int
+	// Bwrap is the bubblewrap binary (default /usr/bin/bwrap).
+	Bwrap string
+
+	// Per-process rlimits.
+	MemoryBytes  int64 // cgroup memory limit (default 512 MiB)
+	AddressSpace int64 // RLIMIT_AS (default max(2 GiB, 2×MemoryBytes)); node needs ~1 GiB of address space
+	CPUSeconds   int64 // RLIMIT_CPU (default 3600; the agent enforces each run's wall-clock timeout)
+	NoFile       int64 // RLIMIT_NOFILE (default 1024)
+	NProc        int64 // RLIMIT_NPROC (default 512); counted per host uid, so shared by every sandbox of that uid
+	FSizeBytes   int64 // RLIMIT_FSIZE (default 256 MiB)
+	// Cgroup limits, applied when a cgroup is available.
+	PidsLimit int64 // pids.max (default 256)
+	CPUMilli  int64 // cpu.max, in thousandths of a CPU (default 1000)
+	// TmpBytes sizes the sandbox's /tmp tmpfs (default 64 MiB).
+	TmpBytes int64
+
+	// ReadyTimeout bounds sandbox start + agent readiness (default 30s).
+	ReadyTimeout time.Duration
+	// WorkspaceLimits is each session's quota; zero fields take defaults.
+	WorkspaceLimits workspace.Limits
+	Log             zerolog.Logger
+}
+
+const (
+	defaultUID          = 65534
+	defaultMemory       = 512 << 20
+	minAddressSpace     = 2 << 30
+	defaultCPUSeconds   = 3600
+	defaultNoFile       = 1024
+	defaultNProc        = 512
+	defaultFSize        = 256 << 20
+	defaultPidsLimit    = 256
+	defaultCPUMilli     = 1000
+	defaultTmpBytes     = 64 << 20
+	defaultReadyTimeout = 30 * time.Second
+	defaultExecTimeout  = 30 * time.Second
+	hardStopMargin      = 5 * time.Second
+	probeTimeout        = 15 * time.Second
+	stopTimeout         = 10 * time.Second
+)
+
+// In-sandbox paths and identity (the Docker engine's, so code and tools
+// see the same layout on both backends).
+const (
+	AgentPath     = "/opt/sandbox/broker"
+	WorkspacePath = agent.WorkDir // /mnt/data
+	DataAlias     = "/data"
+	SandboxUID    = 1000 // uid and gid inside the user namespace
+	SandboxGID    = 1000
+)
+
+// Backend is the process backend. It implements sandbox.Backend.
+type Backend struct {
+	o       Options
+	log     zerolog.Logger
+	uid     int // host uid of sandboxes
+	gid     int
+	etcDir  string
+	agent   string            // installed agent binary
+	prlimit string            // prlimit(1)
+	runners map[string]string // language → interpreter path (in-sandbox == host /usr)
+	cg      *cgroupDriver
+
+	mu     sync.Mutex
+	live   map[*sbx]bool // every started sandbox, for Close
+	closed bool
+	bg     sync.WaitGroup
+}
+
+var _ sandbox.Backend = (*Backend)(nil)
+
+// New checks bwrap and user namespaces with a probe sandbox, installs the
+// agent binary and the synthetic /etc, and sweeps what an earlier broker on
+// the same Root left running.
+func New(ctx context.Context, o Options) (*Backend, error) {
+	if o.Root == "" {
+		return nil, errors.New("process: Options.Root is required")
+	}
+	if o.AgentBinary == "" {
+		return nil, errors.New("process: Options.AgentBinary is required")
+	}
+	if st, err := os.Stat(o.AgentBinary); err != nil || !st.Mode().IsRegular() {
+		return nil, fmt.Errorf("process: agent binary is not a regular file: %v", err)
+	}
+	var err error
+	if o.Root, err = filepath.Abs(o.Root); err != nil {
+		return nil, err
+	}
+	if o.AgentBinary, err = filepath.Abs(o.AgentBinary); err != nil {
+		return nil, err
+	}
+	o = withDefaults(o)
+	b := &Backend{
+		o:    o,
+		log:  o.Log.With().Str("component", "process").Logger(),
+		live: map[*sbx]bool{},
+	}
+	if os.Geteuid() == 0 {
+		b.uid, b.gid = o.UID, o.GID
+		if b.uid == 0 || b.gid == 0 {
+			return nil, errors.New("process: sandboxes must not run as root (UID/GID 0)")
+		}
+	} else {
+		b.uid, b.gid = os.Geteuid(), os.Getegid()
+	}
+	if st, err := os.Stat(o.Bwrap); err != nil || !st.Mode().IsRegular() {
+		return nil, brokererr.Wrap(err, brokererr.Unavailable, "bubblewrap (%s) is not installed", o.Bwrap)
+	} else if st.Mode()&os.ModeSetuid != 0 {
+		// A setuid bwrap changes the namespace semantics this backend
+		// relies on (and is a large root attack surface).
+		return nil, fmt.Errorf("process: %s is setuid; use a non-setuid bubblewrap with unprivileged user namespaces", o.Bwrap)
+	}
+	if b.prlimit, err = exec.LookPath("/usr/bin/prlimit"); err != nil {
+		return nil, brokererr.Wrap(err, brokererr.Unavailable, "prlimit(1) (util-linux) is not installed")
+	}
+	for _, d := range []string{o.Root, filepath.Join(o.Root, "run"), filepath.Join(o.Root, "bin")} {
+		if err := os.MkdirAll(d, 0o711); err != nil {
+			return nil, fmt.Errorf("process: %w", err)
+		}
+		// Sandboxes (another uid) must traverse to their bind sources.
+		if err := os.Chmod(d, 0o711); err != nil {
+			return nil, fmt.Errorf("process: %w", err)
+		}
+	}
+	if b.agent, err = installAgent(o.AgentBinary, filepath.Join(o.Root, "bin", "sandbox-agent")); err != nil {
+		return nil, fmt.Errorf("process: install agent: %w", err)
+	}
+	if b.etcDir, err = writeEtc(filepath.Join(o.Root, "etc-sandbox")); err != nil {
+		return nil, fmt.Errorf("process: synthetic /etc: %w", err)
+	}
+	b.runners = findRunners()
+	b.cg = newCgroupDriver(rootTag(o.Root), b.log)
+	b.sweepOrphans()
+	pctx, cancel := context.WithTimeout(ctx, probeTimeout)
+	defer cancel()
+	if err := b.probe(pctx); err != nil {
+		return nil, err
+	}
+	return b, nil
+}
+
+func withDefaults(o Options) Options {
+	if o.UID <= 0 {
+		o.UID = defaultUID
+	}
+	if o.GID <= 0 {
+		o.GID = o.UID
+	}
+	if o.Bwrap == "" {
+		o.Bwrap = "/usr/bin/bwrap"
+	}
+	if o.MemoryBytes <= 0 {
+		o.MemoryBytes = defaultMemory
+	}
+	if o.AddressSpace <= 0 {
+		o.AddressSpace = max(minAddressSpace, 2*o.MemoryBytes)
+	}
+	if o.CPUSeconds <= 0 {
+		o.CPUSeconds = defaultCPUSeconds
+	}
+	if o.NoFile <= 0 {
+		o.NoFile = defaultNoFile
+	}
+	if o.NProc <= 0 {
+		o.NProc = defaultNProc
+	}
+	if o.FSizeBytes <= 0 {
+		o.FSizeBytes = defaultFSize
+	}
+	if o.PidsLimit <= 0 {
+		o.PidsLimit = defaultPidsLimit
+	}
+	if o.CPUMilli <= 0 {
+		o.CPUMilli = defaultCPUMilli
+	}
+	if o.TmpBytes <= 0 {
+		o.TmpBytes = defaultTmpBytes
+	}
+	if o.ReadyTimeout <= 0 {
+		o.ReadyTimeout = defaultReadyTimeout
+	}
+	return o
+}
+
+// rootTag names this Root's cgroups: two brokers on different roots never
+// sweep each other's sandboxes.
+func rootTag(root string) string {
+	h := sha256.Sum256([]byte(root))
+	return "sandbox-broker-" + hex.EncodeToString(h[:6])
+}
+
+// installAgent copies src to dst (0755) through a temporary file, so a
+// running sandbox keeps the inode it started with.
+func installAgent(src, dst string) (string, error) {
+	if src == dst {
+		return dst, os.Chmod(dst, 0o755)
+	}
+	in, err := os.Open(src)
+	if err != nil {
+		return "", err
+	}
+	defer in.Close()
+	tmp, err := os.CreateTemp(filepath.Dir(dst), ".sandbox-agent-*")
+	if err != nil {
+		return "", err
+	}
+	defer os.Remove(tmp.Name())
+	if _, err := io.Copy(tmp, in); err != nil {
+		tmp.Close()
+		return "", err
+	}
+	if err := tmp.Chmod(0o755); err != nil {
+		tmp.Close()
+		return "", err
+	}
+	if err := tmp.Close(); err != nil {
+		return "", err
+	}
+	return dst, os.Rename(tmp.Name(), dst)
+}
+
+// interpreters lists, per language, the interpreter that must exist under
+// /usr for the language to be offered (PATH inside is /usr/local/bin:/usr/bin).
+var interpreters = map[string]string{
+	agent.LangPython:     "python3",
+	agent.LangBash:       "bash",
+	agent.LangJavaScript: "node",
+	agent.LangTypeScript: "tsx",
+	agent.LangNode:       "node",
+}
+
+// sandboxPath is the PATH inside the sandbox: only /usr is mounted.
+const sandboxPath = "/usr/local/bin:/usr/bin:/bin"
+
+func findRunners() map[string]string {
+	m := map[string]string{}
+	for lang, bin := range interpreters {
+		for _, dir := range []string{"/usr/local/bin", "/usr/bin"} {
+			p := filepath.Join(dir, bin)
+			if st, err := os.Stat(p); err == nil && st.Mode().IsRegular() && st.Mode()&0o111 != 0 {
+				m[lang] = p
+				break
+			}
+		}
+	}
+	return m
+}
+
+// Name implements sandbox.Backend.
+func (b *Backend) Name() string { return "process" }
+
+// Runners implements sandbox.Backend: the languages whose interpreter the
+// host's /usr provides.
+func (b *Backend) Runners(ctx context.Context) ([]sandbox.Runner, error) {
+	out := make([]sandbox.Runner, 0, len(b.runners))
+	for lang, p := range b.runners {
+		out = append(out, sandbox.Runner{Language: lang, Image: "process:" + filepath.Base(p)})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Language < out[j].Language })
+	return out, nil
+}
+
+func (b *Backend) hasLanguage(lang string) error {
+	if _, ok := b.runners[lang]; ok {
+		return nil
+	}
+	langs := make([]string, 0, len(b.runners))
+	for l := range b.runners {
+		langs = append(langs, l)
+	}
+	sort.Strings(langs)
+	msg := "none"
+	if len(langs) > 0 {
+		msg = strings.Join(langs, ", ")
+	}
+	if len(lang) > 40 {
+		lang = lang[:40] + "…"
+	}
+	return brokererr.New(brokererr.UnknownLanguage, "unknown language %q; available: %s", lang, msg)
+}
+
+// Ping implements sandbox.Backend: bwrap must still be there.
+func (b *Backend) Ping(ctx context.Context) error {
+	b.mu.Lock()
+	closed := b.closed
+	b.mu.Unlock()
+	if closed {
+		return brokererr.New(brokererr.Unavailable, "the process sandbox backend is shut down")
+	}
+	if _, err := os.Stat(b.o.Bwrap); err != nil {
+		return brokererr.Wrap(err, brokererr.Unavailable, "bubblewrap is not available")
+	}
+	return nil
+}
+
+// probe starts a throw-away sandbox with every mount a session uses and
+// runs /usr/bin/true in it: user namespaces, bwrap and the path
+// permissions of Root are checked once, at start.
+func (b *Backend) probe(ctx context.Context) error {
+	id := newID()
+	runDir := filepath.Join(b.o.Root, "run", "p-"+id)
+	ws := runDir + ".probe"
+	for _, d := range []string{runDir, ws} {
+		if err := b.prepareDir(d); err != nil {
+			return fmt.Errorf("process: probe: %w", err)
+		}
+	}
+	defer func() {
+		for _, d := range []string{runDir, ws} {
+			_ = os.RemoveAll(d)
+		}
+	}()
+	args := b.bwrapArgs(ws, runDir, []string{"/usr/bin/true"})
+	cmd := exec.CommandContext(ctx, b.o.Bwrap, args...)
+	cmd.SysProcAttr = b.sysProcAttr()
+	cmd.Env = []string{}
+	cmd.Dir = "/"
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		msg := b.redact(strings.TrimSpace(string(out)), "")
+		if len(msg) > 300 {
+			msg = msg[:300]
+		}
+		return brokererr.Wrap(fmt.Errorf("%w: %s", err, msg), brokererr.Unavailable,
+			"bubblewrap cannot start a sandbox (are unprivileged user namespaces enabled, and is the sandbox root traversable by uid %d?)", b.uid)
+	}
+	return nil
+}
+
+// prepareDir makes dir (if needed) owned by the sandbox user, mode 0700.
+func (b *Backend) prepareDir(dir string) error {
+	if err := os.Mkdir(dir, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
+		return err
+	}
+	if os.Geteuid() == 0 {
+		if err := os.Lchown(dir, b.uid, b.gid); err != nil {
+			return err
+		}
+	}
+	return os.Chmod(dir, 0o700)
+}
+
+// Close implements sandbox.Backend: every running sandbox is stopped (the
+// sessions' files stay). Sessions opened before stay usable only for files.
+func (b *Backend) Close(ctx context.Context) error {
+	b.mu.Lock()
+	if b.closed {
+		b.mu.Unlock()
+		return nil
+	}
+	b.closed = true
+	live := make([]*sbx, 0, len(b.live))
+	for s := range b.live {
+		live = append(live, s)
+	}
+	b.mu.Unlock()
+	var wg sync.WaitGroup
+	errs := make([]error, len(live))
+	for i, s := range live {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = b.stop(ctx, s)
+		}()
+	}
+	wg.Wait()
+	b.bg.Wait()
+	return errors.Join(errs...)
+}
+
+func newID() string {
+	var x [8]byte
+	if _, err := rand.Read(x[:]); err != nil {
+		panic(err)
+	}
+	return hex.EncodeToString(x[:])
+}
+
+func validID(s string) bool {
+	if len(s) != 16 {
+		return false
+	}
+	_, err := hex.DecodeString(s)
+	return err == nil
+}

@@ -1,0 +1,529 @@
+package process
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/sandbox-broker/sandbox-broker/services/agent"
+	"github.com/sandbox-broker/sandbox-broker/services/brokererr"
+)
+
+// sbx is one running sandbox: the bwrap process tree of a session's agent.
+type sbx struct {
+	id      string
+	runDir  string // host <Root>/run/p-<id>, bound at agent.SocketDir (rw)
+	pidFile string // host <Root>/run/p-<id>.pid: "pid starttime" of bwrap
+	cmd     *exec.Cmd
+	pid     int    // outer bwrap (host pid)
+	start   uint64 // its start time, so a recycled pid is never killed
+	cg      *cgroup
+	exited  chan struct{} // closed once bwrap has been waited for
+	stderr  *tailBuffer
+
+	stopOnce sync.Once
+	stopErr  error
+}
+
+func (s *sbx) alive() bool {
+	select {
+	case <-s.exited:
+		return false
+	default:
+		return true
+	}
+}
+
+// wrapperScript holds the sandbox back until the broker has placed it in
+// its cgroup: it waits for "go" on fd 3 and only then execs prlimit, which
+// sets the rlimits and execs bwrap (same pid throughout), so no process of
+// the sandbox ever runs unconstrained. If the broker
+// dies first, read fails and nothing starts.
+const wrapperScript = `read -r x <&3 && [ "$x" = go ] && exec "$@" 3<&-; exit 111`
+
+// start launches a sandbox with workspaceDir at /mnt/data and waits for its
+// agent (and, for python, its warm zygote).
+func (b *Backend) start(ctx context.Context, workspaceDir string) (*sbx, error) {
+	b.mu.Lock()
+	closed := b.closed
+	b.mu.Unlock()
+	if closed {
+		return nil, brokererr.New(brokererr.Unavailable, "the process sandbox backend is shut down")
+	}
+	id := newID()
+	s := &sbx{
+		id:      id,
+		runDir:  filepath.Join(b.o.Root, "run", "p-"+id),
+		exited:  make(chan struct{}),
+		stderr:  &tailBuffer{max: 2048},
+		pidFile: filepath.Join(b.o.Root, "run", "p-"+id+".pid"),
+	}
+	cleanup := func() {
+		_ = os.RemoveAll(s.runDir)
+		_ = os.Remove(s.pidFile)
+		_ = s.cg.remove()
+	}
+	if err := b.prepareDir(s.runDir); err != nil {
+		cleanup()
+		return nil, brokererr.Wrap(err, brokererr.InternalError, "cannot create the sandbox run directory")
+	}
+	cg, err := b.cg.create(id, cgLimits{memory: b.o.MemoryBytes, pids: b.o.PidsLimit, cpuMilli: b.o.CPUMilli})
+	if err != nil {
+		b.log.Warn().Err(err).Msg("cgroup_create_failed")
+	}
+	s.cg = cg
+
+	r, w, err := os.Pipe()
+	if err != nil {
+		cleanup()
+		return nil, brokererr.Wrap(err, brokererr.InternalError, "cannot start a sandbox")
+	}
+	args := append([]string{"-c", wrapperScript, "sandbox-wrapper"}, b.prlimitArgs()...)
+	args = append(args, b.o.Bwrap)
+	args = append(args, b.bwrapArgs(workspaceDir, s.runDir, b.agentCommand())...)
+	cmd := &exec.Cmd{
+		Path:        "/bin/sh",
+		Args:        append([]string{"sh"}, args...),
+		Env:         []string{"PATH=/usr/bin:/bin"},
+		Dir:         "/",
+		Stderr:      s.stderr,
+		ExtraFiles:  []*os.File{r},
+		SysProcAttr: b.sysProcAttr(),
+		WaitDelay:   2 * time.Second,
+	}
+	err = cmd.Start()
+	r.Close()
+	if err != nil {
+		w.Close()
+		cleanup()
+		return nil, brokererr.Wrap(err, brokererr.Unavailable, "cannot start a sandbox")
+	}
+	s.cmd, s.pid = cmd, cmd.Process.Pid
+	go func() {
+		_ = cmd.Wait()
+		close(s.exited)
+	}()
+	fail := func(err error) (*sbx, error) {
+		w.Close()
+		_ = b.stop(context.WithoutCancel(ctx), s)
+		return nil, err
+	}
+	b.mu.Lock()
+	b.live[s] = true
+	closed = b.closed // Close may have run since the check above
+	b.mu.Unlock()
+	if closed {
+		return fail(brokererr.New(brokererr.Unavailable, "the process sandbox backend is shut down"))
+	}
+	st, ok := procStart(s.pid)
+	if !ok {
+		return fail(brokererr.New(brokererr.Unavailable, "the sandbox exited at once"))
+	}
+	s.start = st
+	if err := os.WriteFile(s.pidFile, fmt.Appendf(nil, "%d %d\n", s.pid, s.start), 0o600); err != nil {
+		return fail(brokererr.Wrap(err, brokererr.InternalError, "cannot record the sandbox"))
+	}
+	if err := s.cg.add(s.pid); err != nil {
+		return fail(brokererr.Wrap(err, brokererr.Unavailable, "cannot place the sandbox in its cgroup"))
+	}
+	if _, err := w.Write([]byte("go\n")); err != nil {
+		return fail(brokererr.Wrap(err, brokererr.Unavailable, "the sandbox exited at once"))
+	}
+	w.Close()
+
+	// Readiness, cut short when bwrap exits (a bad mount, no userns).
+	rctx, cancel := context.WithTimeout(ctx, b.o.ReadyTimeout)
+	defer cancel()
+	go func() {
+		select {
+		case <-s.exited:
+			cancel()
+		case <-rctx.Done():
+		}
+	}()
+	if err := waitReady(rctx, s); err != nil {
+		b.log.Warn().Err(err).Str("sandbox", id).Str("stderr_tail", b.redact(s.stderr.String(), workspaceDir)).Msg("sandbox_agent_not_ready")
+		return fail(brokererr.Wrap(err, brokererr.Unavailable, "the sandbox did not become ready"))
+	}
+	if _, ok := b.runners[agent.LangPython]; ok {
+		// Runs need the zygote in place before a run's session snapshot
+		// (see strays), and the first run then pays no import cost.
+		if err := waitWarm(rctx, s); err != nil {
+			b.log.Warn().Str("sandbox", id).Msg("zygote_not_warm")
+		}
+	}
+	return s, nil
+}
+
+// stop kills the sandbox's whole tree and removes its run dir, pid file
+// and cgroup. The outer bwrap's death SIGKILLs the namespace's init
+// (--die-with-parent), and the kernel then kills every process of the pid
+// namespace; the cgroup (or, without one, the process tree recorded
+// before the kill) confirms nothing survived.
+func (b *Backend) stop(ctx context.Context, s *sbx) error {
+	s.stopOnce.Do(func() {
+		s.stopErr = b.kill(ctx, s)
+		_ = os.RemoveAll(s.runDir)
+		_ = os.Remove(s.pidFile)
+		if err := s.cg.remove(); err != nil && s.stopErr == nil {
+			s.stopErr = err
+		}
+		b.mu.Lock()
+		delete(b.live, s)
+		b.mu.Unlock()
+	})
+	return s.stopErr
+}
+
+func (b *Backend) kill(ctx context.Context, s *sbx) error {
+	if s.cmd == nil {
+		return nil
+	}
+	tree := descendants(s.pid)
+	_ = syscall.Kill(-s.pid, syscall.SIGKILL) // wrapper's session (Setsid)
+	_ = syscall.Kill(s.pid, syscall.SIGKILL)
+	for _, p := range tree {
+		_ = syscall.Kill(p.pid, syscall.SIGKILL)
+	}
+	deadline := time.Now().Add(stopTimeout)
+	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
+		deadline = d
+	}
+	if s.cg != nil && !s.cg.kill(time.Until(deadline)) {
+		return fmt.Errorf("process: sandbox %s: processes left in its cgroup", s.id)
+	}
+	select {
+	case <-s.exited:
+	case <-time.After(time.Until(deadline)):
+		return fmt.Errorf("process: sandbox %s: bwrap did not exit", s.id)
+	}
+	for _, p := range tree {
+		for alive(p) {
+			if time.Now().After(deadline) {
+				return fmt.Errorf("process: sandbox %s: process %d survived", s.id, p.pid)
+			}
+			_ = syscall.Kill(p.pid, syscall.SIGKILL)
+			time.Sleep(2 * time.Millisecond)
+		}
+	}
+	return nil
+}
+
+// procKey names a process: pid plus start time (pids are recycled).
+type procKey struct {
+	pid   int
+	start uint64
+}
+
+// alive reports whether p still exists and is not a zombie.
+func alive(p procKey) bool {
+	st, ok := procStat(p.pid, p.pid)
+	return ok && st.start == p.start && st.state != 'Z' && st.state != 'X'
+}
+
+// descendants walks /proc/<pid>/task/*/children from pid, pid included.
+func descendants(pid int) []procKey {
+	var out []procKey
+	seen := map[int]bool{}
+	queue := []int{pid}
+	for len(queue) > 0 && len(out) < 100000 {
+		p := queue[0]
+		queue = queue[1:]
+		if seen[p] {
+			continue
+		}
+		seen[p] = true
+		st, ok := procStat(p, p)
+		if !ok {
+			continue
+		}
+		out = append(out, procKey{p, st.start})
+		tasks, _ := os.ReadDir(fmt.Sprintf("/proc/%d/task", p))
+		for _, t := range tasks {
+			b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/children", p, t.Name()))
+			if err != nil {
+				continue
+			}
+			for _, f := range strings.Fields(string(b)) {
+				if c, err := strconv.Atoi(f); err == nil {
+					queue = append(queue, c)
+				}
+			}
+		}
+	}
+	return out
+}
+
+// sessions returns the session IDs of every live thread in the sandbox
+// (nil when the tree cannot be read). Like the Docker engine's check:
+// every run starts a session of its own, while the agent, zygote and
+// spare live in sessions that existed before the run.
+func (s *sbx) sessions() map[int]bool {
+	var tree []procKey
+	if pids := s.cg.pids(); s.cg != nil && pids != nil {
+		for _, p := range pids {
+			tree = append(tree, procKey{pid: p})
+		}
+	} else {
+		tree = descendants(s.pid)
+	}
+	if len(tree) == 0 {
+		return nil
+	}
+	out := map[int]bool{}
+	for _, p := range tree {
+		tasks, _ := os.ReadDir(fmt.Sprintf("/proc/%d/task", p.pid))
+		for _, t := range tasks {
+			tid, err := strconv.Atoi(t.Name())
+			if err != nil {
+				continue
+			}
+			st, ok := procStat(p.pid, tid)
+			const pfExiting = 0x4
+			if !ok || st.state == 'Z' || st.state == 'X' || st.flags&pfExiting != 0 {
+				continue
+			}
+			out[st.sid] = true
+		}
+	}
+	return out
+}
+
+type statInfo struct {
+	state byte
+	ppid  int
+	sid   int
+	flags uint64
+	start uint64
+}
+
+// procStat reads /proc/<pid>/task/<tid>/stat.
+func procStat(pid, tid int) (statInfo, bool) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/stat", pid, tid))
+	if err != nil {
+		return statInfo{}, false
+	}
+	return parseStat(b)
+}
+
+func procStart(pid int) (uint64, bool) {
+	st, ok := procStat(pid, pid)
+	return st.start, ok
+}
+
+// parseStat parses a /proc stat line; the command name is in parentheses
+// and may contain anything, so fields are counted from the last ')'.
+func parseStat(b []byte) (statInfo, bool) {
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return statInfo{}, false
+	}
+	f := bytes.Fields(b[i+1:])
+	// f[0] state, f[1] ppid, f[3] session, f[6] flags, f[19] starttime.
+	if len(f) < 20 || len(f[0]) != 1 {
+		return statInfo{}, false
+	}
+	ppid, err1 := strconv.Atoi(string(f[1]))
+	sid, err2 := strconv.Atoi(string(f[3]))
+	flags, err3 := strconv.ParseUint(string(f[6]), 10, 64)
+	start, err4 := strconv.ParseUint(string(f[19]), 10, 64)
+	if err1 != nil || err2 != nil || err3 != nil || err4 != nil {
+		return statInfo{}, false
+	}
+	return statInfo{state: f[0][0], ppid: ppid, sid: sid, flags: flags, start: start}, true
+}
+
+// parsePidFile parses "pid starttime\n" as written by start.
+func parsePidFile(b []byte) (procKey, bool) {
+	if len(b) > 64 {
+		return procKey{}, false
+	}
+	f := strings.Fields(string(b))
+	if len(f) != 2 {
+		return procKey{}, false
+	}
+	pid, err := strconv.Atoi(f[0])
+	if err != nil || pid <= 1 || pid > 1<<22 {
+		return procKey{}, false
+	}
+	start, err := strconv.ParseUint(f[1], 10, 64)
+	if err != nil {
+		return procKey{}, false
+	}
+	return procKey{pid, start}, true
+}
+
+// sweepOrphans kills sandboxes an earlier broker process on this Root left
+// (normally already dead: --die-with-parent) by their pid files and
+// cgroups, then removes every run dir.
+func (b *Backend) sweepOrphans() {
+	runDir := filepath.Join(b.o.Root, "run")
+	ents, _ := os.ReadDir(runDir)
+	killed := 0
+	for _, e := range ents {
+		name, ok := strings.CutSuffix(e.Name(), ".pid")
+		if !ok || !e.Type().IsRegular() {
+			continue
+		}
+		if id, ok := strings.CutPrefix(name, "p-"); !ok || !validID(id) {
+			continue
+		}
+		data, err := os.ReadFile(filepath.Join(runDir, e.Name()))
+		if k, ok := parsePidFile(data); err == nil && ok && alive(k) {
+			tree := descendants(k.pid)
+			for _, p := range tree {
+				_ = syscall.Kill(p.pid, syscall.SIGKILL)
+			}
+			for _, p := range tree {
+				deadline := time.Now().Add(5 * time.Second)
+				for alive(p) && time.Now().Before(deadline) {
+					time.Sleep(2 * time.Millisecond)
+				}
+			}
+			killed++
+		}
+	}
+	killed += b.cg.sweep()
+	for _, e := range ents {
+		rest, ok := strings.CutPrefix(e.Name(), "p-")
+		if ok && len(rest) >= 16 && validID(rest[:16]) {
+			_ = os.RemoveAll(filepath.Join(runDir, e.Name()))
+		}
+	}
+	if killed > 0 {
+		b.log.Info().Int("sandboxes", killed).Msg("orphan_sandboxes_killed")
+	}
+}
+
+// openSocket opens the agent's socket without following a symlink and
+// checks it is a socket: the run dir is writable by the sandbox, which
+// could otherwise point the broker at any host socket. The returned
+// /proc/self/fd path reaches exactly that inode while fd stays open.
+func openSocket(p string) (path string, closeFn func(), err error) {
+	const oPath = 0x200000 // O_PATH
+	fd, err := syscall.Open(p, oPath|syscall.O_NOFOLLOW|syscall.O_CLOEXEC, 0)
+	if err != nil {
+		return "", nil, err
+	}
+	var st syscall.Stat_t
+	if err := syscall.Fstat(fd, &st); err != nil {
+		syscall.Close(fd)
+		return "", nil, err
+	}
+	if st.Mode&syscall.S_IFMT != syscall.S_IFSOCK {
+		syscall.Close(fd)
+		return "", nil, errors.New("agent socket is not a socket")
+	}
+	return fmt.Sprintf("/proc/self/fd/%d", fd), func() { syscall.Close(fd) }, nil
+}
+
+func (s *sbx) socket() string { return filepath.Join(s.runDir, agent.SocketName) }
+
+// run sends one request to the agent (see agent.Run).
+func (s *sbx) run(ctx context.Context, req agent.Request) (agent.Response, error) {
+	p, done, err := openSocket(s.socket())
+	if err != nil {
+		return agent.Response{}, fmt.Errorf("agent: %w", err)
+	}
+	defer done()
+	return agentRun(ctx, p, req)
+}
+
+// agentRun is a variable so tests can observe or replace the call.
+var agentRun = agent.Run
+
+func (s *sbx) ping(ctx context.Context) (bool, error) {
+	p, done, err := openSocket(s.socket())
+	if err != nil {
+		return false, err
+	}
+	defer done()
+	return agent.Ping(ctx, p)
+}
+
+// waitReady pings until the agent answers (1 ms backoff doubling to 50 ms).
+func waitReady(ctx context.Context, s *sbx) error {
+	return poll(ctx, func() bool {
+		pctx, cancel := context.WithTimeout(ctx, time.Second)
+		defer cancel()
+		_, err := s.ping(pctx)
+		return err == nil
+	})
+}
+
+// waitWarm waits until the agent reports its zygote preloaded.
+func waitWarm(ctx context.Context, s *sbx) error {
+	return poll(ctx, func() bool {
+		pctx, cancel := context.WithTimeout(ctx, time.Second)
+		defer cancel()
+		warm, err := s.ping(pctx)
+		return err == nil && warm
+	})
+}
+
+func poll(ctx context.Context, ok func() bool) error {
+	backoff := time.Millisecond
+	for {
+		if ok() {
+			return nil
+		}
+		t := time.NewTimer(backoff)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		case <-t.C:
+		}
+		backoff = min(backoff*2, 50*time.Millisecond)
+	}
+}
+
+// tailBuffer keeps the last max bytes written (bwrap's and the agent's
+// stderr, for the log when a sandbox fails to start).
+type tailBuffer struct {
+	mu  sync.Mutex
+	max int
+	b   []byte
+}
+
+func (t *tailBuffer) Write(p []byte) (int, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.b = append(t.b, p...)
+	if len(t.b) > t.max {
+		t.b = append(t.b[:0], t.b[len(t.b)-t.max:]...)
+	}
+	return len(p), nil
+}
+
+func (t *tailBuffer) String() string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return strings.ToValidUTF8(string(t.b), "?")
+}
+
+// redact replaces host paths in bwrap's messages before they are logged.
+func (b *Backend) redact(msg string, workspaceDir string) string {
+	if workspaceDir != "" {
+		msg = strings.ReplaceAll(msg, workspaceDir, "<workspace>")
+	}
+	return strings.ReplaceAll(msg, b.o.Root, "<root>")
+}
+
+var warned sync.Map
+
+// warnOnce runs fn the first time key is seen in this process.
+func warnOnce(key string, fn func()) {
+	if _, loaded := warned.LoadOrStore(key, true); !loaded {
+		fn()
+	}
+}

@@ -1,0 +1,379 @@
+package process
+
+import (
+	"context"
+	"errors"
+	"io/fs"
+	"os"
+	"path"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/sandbox-broker/sandbox-broker/services/agent"
+	"github.com/sandbox-broker/sandbox-broker/services/brokererr"
+	"github.com/sandbox-broker/sandbox-broker/services/sandbox"
+	"github.com/sandbox-broker/sandbox-broker/services/workspace"
+)
+
+// Session is one session's sandbox: one bwrap sandbox whose agent serves
+// every language, started on first use and restarted when it died or was
+// retired. It implements sandbox.Session and sandbox.JobRunner.
+type Session struct {
+	b   *Backend
+	ref sandbox.SessionRef
+
+	runMu sync.Mutex // serialises Exec (the agent runs one request at a time)
+
+	mu        sync.Mutex // guards sb and destroyed
+	sb        *sbx
+	destroyed bool
+}
+
+var (
+	_ sandbox.Session   = (*Session)(nil)
+	_ sandbox.JobRunner = (*Session)(nil)
+)
+
+// Open implements sandbox.Backend. Nothing starts until Exec or StartJob.
+func (b *Backend) Open(ctx context.Context, ref sandbox.SessionRef) (sandbox.Session, error) {
+	if !validWorkspaceID(ref.WorkspaceID) {
+		return nil, brokererr.New(brokererr.InvalidInput, "invalid workspace id")
+	}
+	if ref.Dir == "" || !strings.HasPrefix(ref.Dir, "/") || path.Clean(ref.Dir) != ref.Dir {
+		return nil, brokererr.New(brokererr.InternalError, "workspace dir must be a clean absolute path")
+	}
+	b.mu.Lock()
+	closed := b.closed
+	b.mu.Unlock()
+	if closed {
+		return nil, brokererr.New(brokererr.Unavailable, "the process sandbox backend is shut down")
+	}
+	return &Session{b: b, ref: ref}, nil
+}
+
+func validWorkspaceID(s string) bool {
+	if s == "" || len(s) > 64 {
+		return false
+	}
+	for _, c := range s {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_') {
+			return false
+		}
+	}
+	return true
+}
+
+// sandbox returns the session's running sandbox, starting one if there is
+// none or the last one died.
+func (s *Session) sandbox(ctx context.Context) (*sbx, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.destroyed {
+		return nil, brokererr.New(brokererr.SandboxNotFound, "the sandbox was destroyed")
+	}
+	if s.sb != nil && s.sb.alive() {
+		return s.sb, nil
+	}
+	if s.sb != nil {
+		s.b.log.Info().Str("sandbox", s.sb.id).Msg("sandbox_died_restarting")
+		_ = s.b.stop(ctx, s.sb)
+		s.sb = nil
+	}
+	w, err := s.openWorkspace(true)
+	if err != nil {
+		return nil, err
+	}
+	_ = w.Close()
+	sb, err := s.b.start(ctx, s.ref.Dir)
+	if err != nil {
+		return nil, err
+	}
+	s.sb = sb
+	return sb, nil
+}
+
+// retire stops sb and forgets it if it is still the session's sandbox.
+func (s *Session) retire(sb *sbx) {
+	s.mu.Lock()
+	if s.sb == sb {
+		s.sb = nil
+	}
+	s.mu.Unlock()
+	s.b.bg.Add(1)
+	go func() {
+		defer s.b.bg.Done()
+		if err := s.b.stop(context.Background(), sb); err != nil {
+			s.b.log.Warn().Err(err).Str("sandbox", sb.id).Msg("sandbox_stop_failed")
+		}
+	}()
+}
+
+// Exec runs code through the session's agent.
+func (s *Session) Exec(ctx context.Context, req sandbox.ExecRequest) (sandbox.ExecResult, error) {
+	if err := s.b.hasLanguage(req.Language); err != nil {
+		return sandbox.ExecResult{}, err
+	}
+	s.runMu.Lock()
+	defer s.runMu.Unlock()
+	sb, err := s.sandbox(ctx)
+	if err != nil {
+		return sandbox.ExecResult{}, err
+	}
+	timeout := req.Timeout
+	if timeout <= 0 {
+		timeout = defaultExecTimeout
+	}
+	timeout = min(timeout, agent.MaxTimeoutMS*time.Millisecond)
+	w, err := s.openWorkspace(true)
+	if err != nil {
+		return sandbox.ExecResult{}, err
+	}
+	defer w.Close()
+	before, err := w.Snapshot()
+	if err != nil {
+		return sandbox.ExecResult{}, err
+	}
+	oomBefore := sb.cg.oomKills()
+	sessionsBefore := sb.sessions()
+	rctx, cancel := context.WithTimeout(ctx, timeout+hardStopMargin)
+	stopWatch := s.watchQuota(rctx, w, sb)
+	start := time.Now()
+	resp, err := sb.run(rctx, agent.Request{
+		Language:       req.Language,
+		Code:           req.Code,
+		TimeoutMS:      max(timeout.Milliseconds(), 1),
+		MaxOutputBytes: req.MaxOutputBytes,
+	})
+	hardStop := rctx.Err() != nil && ctx.Err() == nil
+	cancel()
+	exceeded := stopWatch()
+	dur := time.Since(start)
+	if over, _ := w.OverQuota(); exceeded || over {
+		return s.quotaExceeded(w, before, sb, dur)
+	}
+	if err != nil {
+		// The agent is gone, hung or the caller gave up: the sandbox's
+		// state is unknown, so it goes; the next Exec starts a new one.
+		s.retire(sb)
+		switch {
+		case hardStop:
+			s.b.log.Warn().Str("sandbox", sb.id).Dur("timeout", timeout).Msg("sandbox_missed_deadline_killed")
+			return sandbox.ExecResult{TimedOut: true, Duration: dur, ExitCode: -1, Signal: "SIGKILL"},
+				brokererr.New(brokererr.SandboxTimeout, "the code did not finish within %s and the sandbox was killed", timeout)
+		case ctx.Err() != nil:
+			return sandbox.ExecResult{Duration: dur}, brokererr.Wrap(ctx.Err(), brokererr.Unavailable, "the call was cancelled")
+		}
+		s.b.log.Warn().Err(err).Str("sandbox", sb.id).Msg("sandbox_agent_unreachable")
+		return sandbox.ExecResult{Duration: dur}, brokererr.Wrap(err, brokererr.Unavailable, "the sandbox stopped responding; it will be restarted on the next call")
+	}
+	if resp.Error != "" {
+		msg := resp.Error
+		if len(msg) > 300 {
+			msg = msg[:300] + "…"
+		}
+		return sandbox.ExecResult{Duration: dur}, brokererr.New(brokererr.Unavailable, "the sandbox could not run the code: %s", msg)
+	}
+	res := sandbox.ExecResult{
+		ExitCode:  resp.ExitCode,
+		Signal:    resp.Signal,
+		Stdout:    resp.Stdout,
+		Stderr:    resp.Stderr,
+		Truncated: resp.Truncated,
+		TimedOut:  resp.TimedOut,
+		// Billed by the host's clock: the agent's own figure is untrusted.
+		Duration: dur,
+	}
+	if after, err := w.Snapshot(); err == nil {
+		for _, p := range workspace.Changed(before, after) {
+			res.Changed = append(res.Changed, sandbox.FileInfo{Path: p, Size: after[p].Size, ModTime: after[p].ModTime})
+		}
+	}
+	if !res.TimedOut && (resp.Signal == "SIGKILL" || resp.ExitCode == 137) && oomBefore >= 0 {
+		res.OOMKilled = sb.cg.oomKills() > oomBefore
+	}
+	// A run that timed out, hit the OOM killer or left processes behind
+	// may have left the sandbox in a bad state: the next run gets a fresh
+	// one. Files in the workspace stay.
+	if res.TimedOut || res.OOMKilled || !sb.alive() || s.hasStrays(sb, sessionsBefore) {
+		s.retire(sb)
+	}
+	return res, nil
+}
+
+// hasStrays reports processes a run left, read from the host's /proc
+// rather than from the (untrusted) agent: any live thread in a session
+// that did not exist before the run. Live jobs are not strays (a job
+// started during the run would be; the sandbox is then replaced).
+func (s *Session) hasStrays(sb *sbx, before map[int]bool) bool {
+	if before == nil {
+		return false
+	}
+	for sid := range sb.sessions() {
+		if !before[sid] {
+			s.b.log.Info().Str("sandbox", sb.id).Int("session", sid).Msg("sandbox_strays_found")
+			return true
+		}
+	}
+	return false
+}
+
+func (s *Session) openWorkspace(create bool) (*workspace.Workspace, error) {
+	own := workspace.WithOwner(s.b.uid, s.b.gid)
+	if create {
+		if _, err := os.Lstat(s.ref.Dir); errors.Is(err, fs.ErrNotExist) {
+			// bwrap runs as the sandbox uid and must reach the workspace.
+			if err := os.MkdirAll(filepath.Dir(s.ref.Dir), 0o711); err != nil {
+				return nil, brokererr.Wrap(err, brokererr.InternalError, "cannot create the workspace")
+			}
+			return workspace.Create(s.ref.Dir, workspace.WithLimits(s.b.o.WorkspaceLimits), own)
+		}
+	}
+	return workspace.Open(s.ref.Dir, s.b.o.WorkspaceLimits, own)
+}
+
+// quotaPoll is how often a running sandbox's workspace is measured; the
+// quota can be overshot by one interval's writes, bounded per file by
+// RLIMIT_FSIZE.
+const quotaPoll = 500 * time.Millisecond
+
+// watchQuota kills sb when the workspace grows past its quota during a
+// run. The returned stop function reports whether it fired.
+func (s *Session) watchQuota(ctx context.Context, w *workspace.Workspace, sb *sbx) func() bool {
+	done := make(chan struct{})
+	fired := make(chan bool, 1)
+	go func() {
+		t := time.NewTicker(quotaPoll)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				fired <- false
+				return
+			case <-ctx.Done():
+				fired <- false
+				return
+			case <-t.C:
+				if over, _ := w.OverQuota(); over {
+					s.b.log.Warn().Str("sandbox", sb.id).Msg("workspace_quota_exceeded")
+					_ = s.b.stop(context.WithoutCancel(ctx), sb)
+					fired <- true
+					return
+				}
+			}
+		}
+	}()
+	return func() bool {
+		close(done)
+		return <-fired
+	}
+}
+
+// quotaExceeded removes what the run wrote, retires the sandbox and
+// reports QUOTA_EXCEEDED.
+func (s *Session) quotaExceeded(w *workspace.Workspace, before map[string]workspace.FileStamp, sb *sbx, dur time.Duration) (sandbox.ExecResult, error) {
+	s.retire(sb)
+	if after, err := w.Snapshot(); err == nil {
+		for _, p := range workspace.Changed(before, after) {
+			_ = w.Remove(p)
+		}
+	}
+	l := w.Limits()
+	return sandbox.ExecResult{Duration: dur, ExitCode: -1}, brokererr.New(brokererr.QuotaExceeded,
+		"the workspace exceeded its quota (%d files, %d MiB); the run was stopped and the files it wrote were removed", l.MaxFiles, l.MaxBytes>>20)
+}
+
+func (s *Session) checkLive() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.destroyed {
+		return brokererr.New(brokererr.SandboxNotFound, "the sandbox was destroyed")
+	}
+	return nil
+}
+
+// WriteFile implements sandbox.Session on the host workspace directory.
+func (s *Session) WriteFile(ctx context.Context, p string, data []byte, overwrite bool) error {
+	if err := s.checkLive(); err != nil {
+		return err
+	}
+	w, err := s.openWorkspace(true)
+	if err != nil {
+		return err
+	}
+	defer w.Close()
+	return w.Write(p, data, overwrite)
+}
+
+// ReadFile implements sandbox.Session.
+func (s *Session) ReadFile(ctx context.Context, p string, offset, max int64) (sandbox.File, error) {
+	if err := s.checkLive(); err != nil {
+		return sandbox.File{}, err
+	}
+	w, err := s.openWorkspace(false)
+	if err != nil {
+		if brokererr.CodeOf(err) == brokererr.SandboxNotFound {
+			return sandbox.File{}, brokererr.New(brokererr.FileNotFound, "file not found")
+		}
+		return sandbox.File{}, err
+	}
+	defer w.Close()
+	return w.Read(p, offset, max)
+}
+
+// maxListEntries bounds ListFiles.
+const maxListEntries = 10000
+
+// ListFiles implements sandbox.Session: regular files under dir,
+// recursively, sorted by path.
+func (s *Session) ListFiles(ctx context.Context, dir string) ([]sandbox.FileInfo, error) {
+	if err := s.checkLive(); err != nil {
+		return nil, err
+	}
+	w, err := s.openWorkspace(false)
+	if brokererr.CodeOf(err) == brokererr.SandboxNotFound && (dir == "" || dir == ".") {
+		return []sandbox.FileInfo{}, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	defer w.Close()
+	list, _, err := w.List(dir, maxListEntries)
+	return list, err
+}
+
+// stopLocked stops the current sandbox, waiting. Caller holds s.mu.
+func (s *Session) stopLocked(ctx context.Context) error {
+	if s.sb == nil {
+		return nil
+	}
+	sb := s.sb
+	if err := s.b.stop(ctx, sb); err != nil {
+		return brokererr.Wrap(err, brokererr.Unavailable, "cannot stop the sandbox")
+	}
+	s.sb = nil
+	return nil
+}
+
+// Release implements sandbox.Session: the sandbox's processes (jobs
+// included) are killed, files stay; the next Exec starts a new sandbox.
+func (s *Session) Release(ctx context.Context) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.stopLocked(ctx)
+}
+
+// Destroy implements sandbox.Session: processes and files go.
+func (s *Session) Destroy(ctx context.Context) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.stopLocked(ctx); err != nil {
+		return err
+	}
+	s.destroyed = true
+	if err := os.RemoveAll(s.ref.Dir); err != nil {
+		return brokererr.Wrap(err, brokererr.InternalError, "cannot delete the workspace")
+	}
+	return nil
+}
