@@ -1,0 +1,113 @@
+package tests
+
+import (
+	"io"
+	"net/http"
+	"net/http/cookiejar"
+	"os"
+	"os/exec"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+)
+
+// requireNodeRunner is requireDocker plus the Node runner the local
+// project fallback builds in.
+func requireNodeRunner(t *testing.T) {
+	t.Helper()
+	requireDocker(t)
+	if err := exec.Command("docker", "image", "inspect", "sandbox-broker/runner-node:latest").Run(); err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("runner image for node is missing (required in CI: runners/build.sh builds it)")
+		}
+		t.Skip("runner-node image missing; run `make runners`")
+	}
+}
+
+func fetch(t *testing.T, hc *http.Client, u string) (int, string, http.Header) {
+	t.Helper()
+	resp, err := hc.Get(u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, 8<<20))
+	return resp.StatusCode, string(b), resp.Header
+}
+
+func TestLocalReactProjectBuildsAndPreviews(t *testing.T) {
+	requireNodeRunner(t)
+	tokens, tok := writeTokens(t, map[string]string{"alice": "pro", "bob": "pro"})
+	b := StartHTTP(t, BrokerOpts{Env: map[string]string{"SANDBOX_POOL_SIZE": "0", "MCP_TOKENS_FILE": tokens}})
+	c := b.Client(t, tok["alice"])
+	const marker = "Hello-from-the-model-42"
+	app := "export default function App() { return <h1>" + marker + "</h1>; }\n"
+	var created projectCreated
+	res := callTool(t, c, "create_sandbox_for_project", map[string]any{"project_name": "demo", "template": "react",
+		"initial_files": map[string]string{"src/App.jsx": app}})
+	if res.IsError {
+		t.Fatalf("create: %+v", res.Content)
+	}
+	resultJSON(t, res, &created)
+	if created.Provider != "local" || !strings.HasPrefix(created.PreviewURL, b.URL+"/preview/"+created.SandboxID+"/?") {
+		t.Fatalf("created %+v", created)
+	}
+
+	// Before a build the preview says what to do.
+	jar, _ := cookiejar.New(nil)
+	hc := &http.Client{Jar: jar, Timeout: 30 * time.Second}
+	if code, _, _ := fetch(t, hc, created.PreviewURL); code == http.StatusOK {
+		t.Fatal("preview served before any build")
+	}
+
+	var out projectOutput
+	resultJSON(t, callTool(t, c, "get_sandbox_output", map[string]any{"sandbox_id": created.SandboxID, "output_type": "build_output"}), &out)
+	if !out.Success || !strings.Contains(strings.ToLower(out.Output), "vite") {
+		t.Fatalf("build: %+v", out)
+	}
+
+	code, page, hdr := fetch(t, hc, created.PreviewURL)
+	if code != http.StatusOK || !strings.Contains(page, "<div id=\"root\">") {
+		t.Fatalf("preview %d: %s", code, page)
+	}
+	if hdr.Get("Content-Security-Policy") == "" {
+		t.Error("preview has no CSP")
+	}
+	m := regexp.MustCompile(`src="\.?/?(assets/[^"]+\.js)"`).FindStringSubmatch(page)
+	if m == nil {
+		t.Fatalf("no script in page: %s", page)
+	}
+	// The asset is fetched with the cookie the signed link set.
+	code, js, _ := fetch(t, hc, b.URL+"/preview/"+created.SandboxID+"/"+m[1])
+	if code != http.StatusOK || !strings.Contains(js, marker) {
+		t.Fatalf("asset %d, marker present: %v", code, strings.Contains(js, marker))
+	}
+	// Without the link or cookie, or with a tampered one: 403.
+	if code, _, _ := fetch(t, &http.Client{Timeout: 10 * time.Second}, b.URL+"/preview/"+created.SandboxID+"/"); code != http.StatusForbidden {
+		t.Fatalf("no proof: %d", code)
+	}
+	tampered := strings.Replace(created.PreviewURL, "sig=", "sig=A", 1)
+	if code, _, _ := fetch(t, &http.Client{Timeout: 10 * time.Second}, tampered); code != http.StatusForbidden {
+		t.Fatalf("tampered: %d", code)
+	}
+
+	// A second principal cannot see or use the sandbox.
+	other := b.Client(t, tok["bob"])
+	mustToolError(t, callTool(t, other, "get_sandbox_output", map[string]any{"sandbox_id": created.SandboxID, "output_type": "preview_url"}), "SANDBOX_NOT_FOUND")
+}
+
+func TestLocalProjectBuildOutputIsRedacted(t *testing.T) {
+	requireNodeRunner(t)
+	b := StartHTTP(t, BrokerOpts{Token: testToken, Env: map[string]string{"SANDBOX_POOL_SIZE": "0"}})
+	c := b.Client(t, testToken)
+	secret := "ghp_" + strings.Repeat("Q1w2", 9)
+	var created projectCreated
+	resultJSON(t, callTool(t, c, "create_sandbox_for_project", map[string]any{"project_name": "leaky", "template": "node",
+		"initial_files": map[string]string{"package.json": `{"name":"leaky","scripts":{"build":"echo token=` + secret + ` && echo done","start":"node server.js"}}`}}), &created)
+	var out projectOutput
+	resultJSON(t, callTool(t, c, "get_sandbox_output", map[string]any{"sandbox_id": created.SandboxID, "output_type": "build_output"}), &out)
+	if !out.Success || !strings.Contains(out.Output, "done") || strings.Contains(out.Output, "Q1w2Q1w2") {
+		t.Fatalf("build output not redacted: %+v", out)
+	}
+}
