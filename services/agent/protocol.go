@@ -7,6 +7,11 @@
 // call has a deadline.
 package agent
 
+import (
+	"syscall"
+	"time"
+)
+
 // SocketDir and SocketName locate the agent's socket inside the container.
 const (
 	SocketDir  = "/run/sandbox"
@@ -79,3 +84,98 @@ const (
 // its Zygote field tells whether a warm Python zygote is ready. Code,
 // TimeoutMS and MaxOutputBytes are ignored.
 const PingLanguage = "__ping__"
+
+// Jobs. A job is a long-lived `bash -c` command that runs beside runs: it
+// does not take the run lock and the post-run sweep spares its session.
+//
+// A client starts one by sending, as the connection's first line, a
+// JobRequest with "op":"job" (run requests carry no "op"). The connection
+// then stays open and carries one JSON JobFrame per line in both directions:
+//
+//	agent → client  started {pid} first, then out {s, d}, ack {id, error},
+//	                and finally exit {code, signal, timed_out, duration_ms};
+//	                or a single error {kind, error} when the job is refused.
+//	client → agent  stdin {id, d}, close_stdin {id}, signal {id, sig};
+//	                every command is answered with an ack carrying its id.
+//
+// At most one stdin or close_stdin command may be unanswered at a time (a
+// second one is refused with an ack error); signals are answered at once.
+// When the client's connection drops, the agent kills the job.
+type JobRequest struct {
+	Command string `json:"command"`
+	// WorkDir is an absolute path inside the sandbox, under the agent's
+	// WorkDir once symlinks are resolved; "" is the agent's WorkDir.
+	WorkDir string   `json:"work_dir,omitempty"`
+	Env     []string `json:"env,omitempty"` // KEY=VALUE, added to the base env
+	// TimeoutMS ends the job (its whole session) when it elapses; 0 means
+	// DefaultTimeoutMS, at most MaxTimeoutMS.
+	TimeoutMS   int64 `json:"timeout_ms"`
+	Interactive bool  `json:"interactive,omitempty"`
+	// EgressSocket is the path, inside the sandbox, of a Unix socket
+	// directly in the agent's socket directory; the agent forwards a
+	// loopback TCP port to it and points the job's proxy variables there.
+	EgressSocket string `json:"egress_socket,omitempty"`
+}
+
+// OpJob is the "op" of a job request's first line.
+const OpJob = "job"
+
+// JobFrame is one line of a job connection; T says which fields matter.
+type JobFrame struct {
+	T          string `json:"t"`
+	ID         uint64 `json:"id,omitempty"`  // command / ack correlation
+	PID        int    `json:"pid,omitempty"` // started
+	S          string `json:"s,omitempty"`   // out: "stdout" | "stderr"
+	D          []byte `json:"d,omitempty"`   // out, stdin
+	Sig        string `json:"sig,omitempty"` // signal: one of JobSignals
+	Code       int    `json:"code,omitempty"`
+	Signal     string `json:"signal,omitempty"`
+	TimedOut   bool   `json:"timed_out,omitempty"`
+	DurationMS int64  `json:"duration_ms,omitempty"`
+	Kind       string `json:"kind,omitempty"` // error: one of the JobErr* kinds
+	Error      string `json:"error,omitempty"`
+}
+
+// Frame types.
+const (
+	FrameStarted    = "started"
+	FrameOut        = "out"
+	FrameExit       = "exit"
+	FrameAck        = "ack"
+	FrameError      = "error"
+	FrameStdin      = "stdin"
+	FrameCloseStdin = "close_stdin"
+	FrameSignal     = "signal"
+)
+
+// Kinds of a refused job (FrameError).
+const (
+	JobErrInvalid  = "invalid"  // the request is wrong; do not retry as is
+	JobErrLimit    = "limit"    // too many jobs; retry later
+	JobErrInternal = "internal" // the agent could not start it
+)
+
+// Job limits.
+const (
+	// MaxJobs is how many jobs one agent runs at once.
+	MaxJobs = 16
+	// MaxJobFrameBytes bounds one frame line in either direction.
+	MaxJobFrameBytes = 256 << 10
+	// MaxJobChunk bounds the data of one out or stdin frame. Output is
+	// coalesced up to this size and flushed at a newline or after
+	// JobFlushDelay.
+	MaxJobChunk = 32 << 10
+	// MaxJobEnv bounds the number of Env entries.
+	MaxJobEnv = 256
+	// MaxEgressConns bounds the connections a job's egress forwarder holds
+	// open at once (both ends of each forwarded connection count).
+	MaxEgressConns = 64
+)
+
+// JobSignals maps the signal names a client may send to their numbers.
+var JobSignals = map[string]syscall.Signal{
+	"TERM": syscall.SIGTERM, "KILL": syscall.SIGKILL, "INT": syscall.SIGINT, "HUP": syscall.SIGHUP,
+}
+
+// JobFlushDelay is how long a partial output line waits for more data.
+const JobFlushDelay = 50 * time.Millisecond

@@ -104,6 +104,9 @@ type Server struct {
 	logMu sync.Mutex
 	runN  atomic.Int64
 	zyg   *zygoteManager // nil without zygote
+
+	jobsMu sync.Mutex
+	nJobs  int // live jobs, at most MaxJobs
 }
 
 // Serve listens on opts.Socket and answers requests until ctx is done.
@@ -263,7 +266,14 @@ func (s *Server) handle(ctx context.Context, c net.Conn) {
 		}
 	}
 	_ = c.SetReadDeadline(time.Now().Add(requestReadTimeout))
-	resp := s.serveConn(ctx, c)
+	// The reader outlives the first line: a job's frames follow it.
+	br := bufio.NewReaderSize(c, 64<<10)
+	resp, job := s.serveConn(ctx, br)
+	if job != nil {
+		_ = c.SetReadDeadline(time.Time{})
+		s.serveJob(ctx, c, br, *job)
+		return
+	}
 	b, err := json.Marshal(resp)
 	if err != nil {
 		b, _ = json.Marshal(Response{ExitCode: -1, Error: "encode response: " + err.Error()})
@@ -273,56 +283,117 @@ func (s *Server) handle(ctx context.Context, c net.Conn) {
 	_, _ = c.Write(b)
 }
 
-func (s *Server) serveConn(ctx context.Context, c net.Conn) (resp Response) {
+// serveConn reads the first line and answers a run; for a job request it
+// returns the request instead.
+func (s *Server) serveConn(ctx context.Context, br *bufio.Reader) (resp Response, job *JobRequest) {
 	defer func() {
 		if r := recover(); r != nil {
 			s.logf("panic: %v", r)
-			resp = Response{ExitCode: -1, Error: fmt.Sprintf("internal error: %v", r)}
+			resp, job = Response{ExitCode: -1, Error: fmt.Sprintf("internal error: %v", r)}, nil
 		}
 	}()
-	req, err := readRequest(c)
+	line, err := readLine(br, MaxRequestBytes)
 	if err != nil {
-		return Response{ExitCode: -1, Error: err.Error()}
+		return Response{ExitCode: -1, Error: err.Error()}, nil
 	}
-	_ = c.SetReadDeadline(time.Time{})
+	req, jreq, err := parseFirstLine(line)
+	if err != nil {
+		return Response{ExitCode: -1, Error: err.Error()}, nil
+	}
+	if jreq != nil {
+		return Response{}, jreq
+	}
 	if req.Language == PingLanguage {
-		return Response{Zygote: s.zyg != nil && s.zyg.ready()}
+		return Response{Zygote: s.zyg != nil && s.zyg.ready()}, nil
 	}
-	return s.run(ctx, req)
+	return s.run(ctx, req), nil
 }
 
-// readRequest reads one JSON line of at most MaxRequestBytes and decodes it
-// strictly.
+// readRequest reads one run request line of at most MaxRequestBytes and
+// decodes it strictly.
 func readRequest(r io.Reader) (Request, error) {
-	br := bufio.NewReaderSize(io.LimitReader(r, MaxRequestBytes+1), 64<<10)
+	line, err := readLine(bufio.NewReaderSize(r, 64<<10), MaxRequestBytes)
+	if err != nil {
+		return Request{}, err
+	}
+	req, jreq, err := parseFirstLine(line)
+	if err == nil && jreq != nil {
+		err = errors.New("bad request: not a run request")
+	}
+	return req, err
+}
+
+// readLine reads one line of at most max bytes (without reading further
+// than its newline, beyond what br buffers). A final line without newline
+// is accepted at EOF.
+func readLine(br *bufio.Reader, max int) ([]byte, error) {
 	var line []byte
 	for {
 		chunk, err := br.ReadSlice('\n')
 		line = append(line, chunk...)
-		if len(line) > MaxRequestBytes {
-			return Request{}, fmt.Errorf("bad request: longer than %d bytes", MaxRequestBytes)
+		if len(line) > max {
+			return nil, fmt.Errorf("bad request: longer than %d bytes", max)
 		}
 		if err == nil {
-			break
+			return line, nil
 		}
 		if errors.Is(err, bufio.ErrBufferFull) {
 			continue
 		}
 		if errors.Is(err, io.EOF) && len(line) > 0 {
-			break // accept a final line without newline
+			return line, nil // accept a final line without newline
 		}
-		return Request{}, fmt.Errorf("bad request: read: %v", err)
+		return nil, fmt.Errorf("bad request: read: %v", err)
 	}
-	var req Request
+}
+
+// parseFirstLine decodes a connection's first line strictly: a run Request
+// when it has no "op" key, a JobRequest when "op" is "job".
+func parseFirstLine(line []byte) (Request, *JobRequest, error) {
+	var probe struct {
+		Op *string `json:"op"`
+	}
+	// Only the first value is probed: trailing data is decodeStrict's.
+	if err := json.NewDecoder(bytes.NewReader(line)).Decode(&probe); err != nil {
+		return Request{}, nil, fmt.Errorf("bad request: %v", err)
+	}
+	if probe.Op == nil {
+		var req Request
+		if err := decodeStrict(line, &req); err != nil {
+			return Request{}, nil, err
+		}
+		return req, nil, nil
+	}
+	if *probe.Op != OpJob {
+		return Request{}, nil, fmt.Errorf("bad request: unknown op %q", truncate(*probe.Op, 40))
+	}
+	var env struct {
+		Op string `json:"op"`
+		JobRequest
+	}
+	if err := decodeStrict(line, &env); err != nil {
+		return Request{}, nil, err
+	}
+	return Request{}, &env.JobRequest, nil
+}
+
+func decodeStrict(line []byte, v any) error {
 	dec := json.NewDecoder(bytes.NewReader(line))
 	dec.DisallowUnknownFields()
-	if err := dec.Decode(&req); err != nil {
-		return Request{}, fmt.Errorf("bad request: %v", err)
+	if err := dec.Decode(v); err != nil {
+		return fmt.Errorf("bad request: %v", err)
 	}
 	if dec.More() {
-		return Request{}, errors.New("bad request: trailing data after the JSON object")
+		return errors.New("bad request: trailing data after the JSON object")
 	}
-	return req, nil
+	return nil
+}
+
+func truncate(s string, n int) string {
+	if len(s) > n {
+		return s[:n] + "…"
+	}
+	return s
 }
 
 // run validates the request, takes the run lock and runs it.

@@ -90,10 +90,15 @@ func resolveSweepMode(m SweepMode) (SweepMode, error) {
 // about yet. protected holds the pids the sweep must spare (live zygotes);
 // managed holds the pids some exec.Cmd will wait for, which the sweep must
 // not reap itself.
+//
+// jobSessions holds the session IDs of live jobs (a job leader starts its
+// own session, so the ID is also its pid): the post-run sweep spares every
+// process in those sessions and all their descendants.
 var (
-	spawnMu   sync.Mutex
-	protected = map[int]bool{}
-	managed   = map[int]bool{}
+	spawnMu     sync.Mutex
+	protected   = map[int]bool{}
+	managed     = map[int]bool{}
+	jobSessions = map[int]bool{}
 )
 
 // runSem serialises runs (and with them sweeps) across all Servers of the
@@ -278,7 +283,87 @@ type sweepResult struct {
 // process and found no process whose parent was missing. Any process that
 // could still fork after such a round would have been alive, and so killed,
 // in it.
+//
+// Members of live jobs are spared (see jobMembers).
 func sweep(mode SweepMode, procRoot string) sweepResult {
+	return sweepWith(procRoot, func(procs []procInfo, self int) ([]procInfo, bool) {
+		targets, dangling := sweepTargets(mode, procs, self)
+		if len(jobSessions) == 0 {
+			return targets, dangling
+		}
+		members := jobMembers(procs, func(p procInfo) bool { return jobSessions[p.sid] || jobSessions[p.pid] })
+		out := targets[:0]
+		for _, p := range targets {
+			if !members[p.pid] {
+				out = append(out, p)
+			}
+		}
+		return out, dangling
+	})
+}
+
+// jobMembers returns the pids of the processes seed selects and of all
+// their descendants in the snapshot.
+func jobMembers(procs []procInfo, seed func(procInfo) bool) map[int]bool {
+	children := map[int][]int{}
+	members := map[int]bool{}
+	var queue []int
+	for _, p := range procs {
+		children[p.ppid] = append(children[p.ppid], p.pid)
+		if seed(p) {
+			members[p.pid] = true
+			queue = append(queue, p.pid)
+		}
+	}
+	for len(queue) > 0 {
+		pid := queue[0]
+		queue = queue[1:]
+		for _, c := range children[pid] {
+			if !members[c] {
+				members[c] = true
+				queue = append(queue, c)
+			}
+		}
+	}
+	return members
+}
+
+// killJobTree SIGKILLs what is left of the job whose session is sid: the
+// processes in that session, their descendants, and the processes in any
+// session one of those started (a setsid child that forked just before its
+// parent died is found through its session). A process that escaped both
+// links (setsid, then orphaned) between two snapshots is not found here;
+// the sweep that follows every job end and every run kills it, since it
+// belongs to no live job. The caller has removed sid from jobSessions.
+func killJobTree(procRoot string, sid int) sweepResult {
+	sids := map[int]bool{sid: true}
+	return sweepWith(procRoot, func(procs []procInfo, self int) ([]procInfo, bool) {
+		present := make(map[int]bool, len(procs))
+		for _, p := range procs {
+			present[p.pid] = true
+		}
+		members := jobMembers(procs, func(p procInfo) bool { return sids[p.sid] || p.pid == sid })
+		var out []procInfo
+		dangling := false
+		for _, p := range procs {
+			if p.ppid > 0 && !present[p.ppid] && p.state != 'Z' && p.state != 'X' {
+				dangling = true
+			}
+			if !members[p.pid] || p.pid == self || p.pid == 1 {
+				continue
+			}
+			out = append(out, p)
+			if p.sid > 1 {
+				sids[p.sid] = true
+			}
+		}
+		return out, dangling
+	})
+}
+
+// sweepWith is the kill loop of sweep; sel picks a round's targets from a
+// snapshot and is called with spawnMu held.
+func sweepWith(procRoot string, sel func(procs []procInfo, self int) ([]procInfo, bool)) sweepResult {
 	self := os.Getpid()
 	signalled := map[procKey]bool{}
 	exiting := map[procKey]bool{}
@@ -294,7 +379,7 @@ func sweep(mode SweepMode, procRoot string) sweepResult {
 		}
 		spawnMu.Lock()
 		defer spawnMu.Unlock()
-		targets, dangling := sweepTargets(mode, procs, self)
+		targets, dangling := sel(procs, self)
 		quiet = misses == 0 && !dangling
 		seen := make(map[procKey]bool, len(targets))
 		for _, p := range targets {

@@ -16,6 +16,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	cerrdefs "github.com/containerd/errdefs"
@@ -383,6 +384,14 @@ type ctr struct {
 	img      string // image ID
 	runDir   string // host <Root>/run/<id>
 	poolDir  string // host <Root>/pool/<id> while pooled, "" otherwise
+
+	// jobs counts live jobs: while any runs, the container is neither
+	// released nor replaced after a run (only Destroy, a lost agent or the
+	// quota watcher end it).
+	jobs atomic.Int32
+	// gone is set when a job's quota watcher removed the container; the
+	// session drops it on its next use.
+	gone atomic.Bool
 }
 
 func (c *ctr) socket() string { return filepath.Join(c.runDir, agent.SocketName) }

@@ -21,7 +21,8 @@ import (
 )
 
 // agentBinary is what tests mount as /opt/sandbox/broker: the real broker
-// when ./cmd/sandbox-broker builds, else this test binary (fake agent).
+// when ./cmd/sandbox-broker builds, else this test binary, which runs the
+// real agent package (agentmain_test.go).
 var (
 	agentBinary string
 	agentKind   string
@@ -29,7 +30,7 @@ var (
 
 func TestMain(m *testing.M) {
 	if len(os.Args) > 1 && os.Args[1] == "agent" {
-		os.Exit(fakeAgentMain(os.Args[2:]))
+		os.Exit(testAgentMain(os.Args[2:]))
 	}
 	dir, err := os.MkdirTemp("", "docker-engine-test-")
 	if err != nil {
@@ -42,26 +43,27 @@ func TestMain(m *testing.M) {
 }
 
 // buildAgent builds the real broker (CGO off, so it runs in any image) or
-// falls back to this test binary. SANDBOX_TEST_AGENT=fake forces the fake.
+// falls back to this test binary. SANDBOX_TEST_AGENT=test-binary forces
+// the fallback.
 func buildAgent(dir string) (string, string) {
 	if v := os.Getenv("SANDBOX_TEST_AGENT_BINARY"); v != "" {
 		return v, "given"
 	}
-	if os.Getenv("SANDBOX_TEST_AGENT") != "fake" {
+	if os.Getenv("SANDBOX_TEST_AGENT") != "test-binary" {
 		out := filepath.Join(dir, "sandbox-broker")
 		cmd := exec.Command("go", "build", "-o", out, "github.com/sandbox-broker/sandbox-broker/cmd/sandbox-broker")
 		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 		if b, err := cmd.CombinedOutput(); err == nil {
 			return out, "real"
 		} else {
-			fmt.Fprintf(os.Stderr, "docker tests: real broker does not build, using the fake agent:\n%s\n", lastLines(string(b), 5))
+			fmt.Fprintf(os.Stderr, "docker tests: real broker does not build, running the agent from this test binary:\n%s\n", lastLines(string(b), 5))
 		}
 	}
 	exe, err := os.Executable()
 	if err != nil {
 		panic(err)
 	}
-	return exe, "fake"
+	return exe, "test-binary"
 }
 
 func lastLines(s string, n int) string {

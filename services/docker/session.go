@@ -70,13 +70,9 @@ func (s *Session) Exec(ctx context.Context, req sandbox.ExecRequest) (sandbox.Ex
 	if s.destroyed {
 		return sandbox.ExecResult{}, brokererr.New(brokererr.SandboxNotFound, "the sandbox was destroyed")
 	}
-	c := s.ctrs[r.Language]
-	if c == nil {
-		c, err = e.acquire(ctx, r, s.ref, len(s.ctrs) == 0)
-		if err != nil {
-			return sandbox.ExecResult{}, err
-		}
-		s.ctrs[r.Language] = c
+	c, err := s.containerLocked(ctx, r)
+	if err != nil {
+		return sandbox.ExecResult{}, err
 	}
 
 	timeout := req.Timeout
@@ -95,6 +91,7 @@ func (s *Session) Exec(ctx context.Context, req sandbox.ExecRequest) (sandbox.Ex
 	if err != nil {
 		return sandbox.ExecResult{}, err
 	}
+	jobsLive := c.jobs.Load() > 0
 	oomBefore := e.oomKills(c)
 	sessionsBefore := e.sessions(c)
 	rctx, cancel := context.WithTimeout(ctx, timeout+hardStopMargin)
@@ -158,11 +155,39 @@ func (s *Session) Exec(ctx context.Context, req sandbox.ExecRequest) (sandbox.Ex
 	// A run that timed out or hit the OOM killer may have left the
 	// container in a bad state (stray processes, half-written /tmp): the
 	// next run gets a fresh container. Files in the workspace stay.
-	if res.TimedOut || res.OOMKilled || e.hasStrays(c, sessionsBefore) {
+	//
+	// Not while jobs run in it: replacing the container would kill them.
+	// The agent's sweep has still killed everything but the jobs, and new
+	// sessions may well be theirs.
+	if jobsLive || c.jobs.Load() > 0 {
+		if res.TimedOut || res.OOMKilled {
+			e.log.Info().Str("container", shortID(c.dockerID)).Bool("timed_out", res.TimedOut).Bool("oom_killed", res.OOMKilled).Msg("sandbox_kept_for_jobs")
+		}
+	} else if res.TimedOut || res.OOMKilled || e.hasStrays(c, sessionsBefore) {
 		delete(s.ctrs, r.Language)
 		e.removeAsync(c)
 	}
 	return res, nil
+}
+
+// containerLocked returns the session's container for r, starting or
+// claiming one if there is none (or the one there was removed by a job's
+// quota watcher). Caller holds s.mu.
+func (s *Session) containerLocked(ctx context.Context, r runnerImage) (*ctr, error) {
+	c := s.ctrs[r.Language]
+	if c != nil && c.gone.Load() {
+		delete(s.ctrs, r.Language)
+		c = nil
+	}
+	if c == nil {
+		var err error
+		c, err = s.e.acquire(ctx, r, s.ref, len(s.ctrs) == 0)
+		if err != nil {
+			return nil, err
+		}
+		s.ctrs[r.Language] = c
+	}
+	return c, nil
 }
 
 // wasOOMKilled compares the cgroup v1 oom_kill counter with its value before
@@ -336,9 +361,21 @@ func (s *Session) removeAll(ctx context.Context) error {
 
 // Release implements sandbox.Session: containers go, files stay. The
 // session stays usable; the next Exec starts new containers.
+//
+// While any job runs in one of the session's containers, Release refuses
+// with CONFLICT and removes nothing: the jobs own the compute until they
+// end or are cancelled (the sessions reaper pins such sessions anyway).
+// Destroy does kill them.
 func (s *Session) Release(ctx context.Context) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	n := 0
+	for _, c := range s.ctrs {
+		n += int(c.jobs.Load())
+	}
+	if n > 0 {
+		return brokererr.New(brokererr.Conflict, "%d executions are still running in this sandbox; cancel them first", n)
+	}
 	if err := s.removeAll(ctx); err != nil {
 		return brokererr.Wrap(err, brokererr.Unavailable, "cannot remove the sandbox containers")
 	}

@@ -1,0 +1,291 @@
+package docker
+
+import (
+	"context"
+	"errors"
+	"io/fs"
+	"net"
+	"os"
+	"path"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/sandbox-broker/sandbox-broker/services/agent"
+	"github.com/sandbox-broker/sandbox-broker/services/brokererr"
+	"github.com/sandbox-broker/sandbox-broker/services/sandbox"
+	"github.com/sandbox-broker/sandbox-broker/services/workspace"
+)
+
+var _ sandbox.JobRunner = (*Session)(nil)
+
+// jobLanguages is the order in which a job picks a container: the first of
+// these the session already has, else any container it has, else a new
+// one of the first of these with a runner image. Jobs are shell commands,
+// so the bash runner is preferred; every runner has bash.
+var jobLanguages = []string{agent.LangBash, agent.LangPython, agent.LangNode, agent.LangTypeScript, agent.LangJavaScript}
+
+// maxSocketPath is sun_path's capacity minus its NUL.
+const maxSocketPath = 107
+
+// StartJob implements sandbox.JobRunner: spec runs as `bash -c` beside
+// run_code in the session's container (see jobLanguages). While it runs,
+// the container is not released (Release refuses) nor replaced after a
+// run, and the workspace quota is watched as during a run: past it the
+// container is removed, the files written since the job started are
+// deleted and the job ends with QUOTA_EXCEEDED.
+func (s *Session) StartJob(ctx context.Context, spec sandbox.JobSpec, sink sandbox.JobSink) (sandbox.Job, error) {
+	timeout := spec.Timeout
+	if timeout <= 0 {
+		timeout = defaultExecTimeout
+	}
+	if timeout > agent.MaxTimeoutMS*time.Millisecond {
+		return nil, brokererr.New(brokererr.InvalidInput, "the timeout may be at most %s", agent.MaxTimeoutMS*time.Millisecond)
+	}
+	env := make([]string, 0, len(spec.Env))
+	for k, v := range spec.Env {
+		env = append(env, k+"="+v)
+	}
+	sort.Strings(env)
+
+	e := s.e
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.destroyed {
+		return nil, brokererr.New(brokererr.SandboxNotFound, "the sandbox was destroyed")
+	}
+	w, err := s.openWorkspace(true)
+	if err != nil {
+		return nil, err
+	}
+	keepW := false
+	defer func() {
+		if !keepW {
+			w.Close()
+		}
+	}()
+	wd, err := s.jobWorkDir(spec.WorkDir)
+	if err != nil {
+		return nil, err
+	}
+	c, err := s.jobContainerLocked(ctx)
+	if err != nil {
+		return nil, err
+	}
+	before, err := w.Snapshot()
+	if err != nil {
+		return nil, err
+	}
+
+	c.jobs.Add(1)
+	var eg *egressSocket
+	started := false
+	defer func() {
+		if !started {
+			eg.close()
+			c.jobs.Add(-1)
+		}
+	}()
+	req := agent.JobRequest{
+		Command:     spec.Command,
+		WorkDir:     wd,
+		Env:         env,
+		TimeoutMS:   max(timeout.Milliseconds(), 1),
+		Interactive: spec.Interactive,
+	}
+	if spec.Egress != nil {
+		if eg, err = newEgressSocket(c.runDir); err != nil {
+			e.log.Warn().Err(err).Str("container", shortID(c.dockerID)).Msg("job_egress_socket_failed")
+			return nil, brokererr.New(brokererr.Unavailable, "cannot give the execution a network path")
+		}
+		go spec.Egress(eg.ln)
+		req.EgressSocket = agent.SocketDir + "/" + eg.name
+	}
+	j, err := agentStartJob(ctx, c.socket(), req, sink)
+	if err != nil {
+		return nil, jobStartError(ctx, err)
+	}
+	started, keepW = true, true
+
+	wctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	stopWatch := s.watchQuota(wctx, w, c)
+	dj := &dockerJob{Job: j, done: make(chan struct{})}
+	go func() {
+		<-j.Done()
+		fired := stopWatch()
+		cancel()
+		eg.close()
+		if fired {
+			c.gone.Store(true)
+			if after, err := w.Snapshot(); err == nil {
+				for _, p := range workspace.Changed(before, after) {
+					_ = w.Remove(p)
+				}
+			}
+			l := w.Limits()
+			dj.setErr(brokererr.New(brokererr.QuotaExceeded,
+				"the workspace exceeded its quota (%d files, %d MiB); the execution was stopped and the files written since it started were removed", l.MaxFiles, l.MaxBytes>>20))
+		}
+		w.Close()
+		c.jobs.Add(-1)
+		close(dj.done)
+	}()
+	e.log.Debug().Str("container", shortID(c.dockerID)).Str("language", c.lang).Bool("egress", eg != nil).Msg("job_started")
+	return dj, nil
+}
+
+// agentStartJob is a variable for tests, like agentRun.
+var agentStartJob = agent.StartJob
+
+// jobStartError maps the agent's refusal to a structured error.
+func jobStartError(ctx context.Context, err error) error {
+	var je *agent.JobError
+	if errors.As(err, &je) {
+		switch je.Kind {
+		case agent.JobErrInvalid:
+			return brokererr.New(brokererr.InvalidInput, "the sandbox refused the execution: %s", je.Message)
+		case agent.JobErrLimit:
+			return brokererr.New(brokererr.QuotaExceeded, "the sandbox runs its maximum of %d executions; wait for one to finish", agent.MaxJobs).WithRetryAfter(time.Second)
+		}
+		return brokererr.New(brokererr.Unavailable, "the sandbox could not start the execution: %s", je.Message)
+	}
+	if ctx.Err() != nil {
+		return brokererr.Wrap(ctx.Err(), brokererr.Unavailable, "the call was cancelled")
+	}
+	return brokererr.Wrap(err, brokererr.Unavailable, "the sandbox did not start the execution")
+}
+
+// jobContainerLocked picks the job's container (see jobLanguages). Caller
+// holds s.mu.
+func (s *Session) jobContainerLocked(ctx context.Context) (*ctr, error) {
+	for _, l := range jobLanguages {
+		if c := s.ctrs[l]; c != nil && !c.gone.Load() {
+			return c, nil
+		}
+	}
+	langs := make([]string, 0, len(s.ctrs))
+	for l, c := range s.ctrs {
+		if !c.gone.Load() {
+			langs = append(langs, l)
+		}
+	}
+	if len(langs) > 0 {
+		sort.Strings(langs)
+		return s.ctrs[langs[0]], nil
+	}
+	s.e.mu.Lock()
+	runners := s.e.runners
+	s.e.mu.Unlock()
+	lang := agent.LangBash
+	for _, l := range jobLanguages {
+		if _, ok := runners[l]; ok {
+			lang = l
+			break
+		}
+	}
+	r, err := s.e.runner(ctx, lang)
+	if err != nil {
+		return nil, err
+	}
+	return s.containerLocked(ctx, r)
+}
+
+// jobWorkDir maps a workspace-relative directory to its path inside the
+// container. It is validated again and walked through os.Root component by
+// component: each must be a real directory, so a symlink the sandbox
+// planted cannot move the job anywhere (the agent resolves it once more).
+func (s *Session) jobWorkDir(rel string) (string, error) {
+	if rel == "" {
+		return WorkspacePath, nil
+	}
+	if _, err := workspace.ValidatePath(rel); err != nil {
+		return "", err
+	}
+	root, err := os.OpenRoot(s.ref.Dir)
+	if err != nil {
+		return "", brokererr.Wrap(err, brokererr.InternalError, "cannot open the workspace")
+	}
+	defer root.Close()
+	cur := ""
+	for _, seg := range strings.Split(rel, "/") {
+		cur = path.Join(cur, seg)
+		fi, err := root.Lstat(cur)
+		switch {
+		case errors.Is(err, fs.ErrNotExist):
+			return "", brokererr.New(brokererr.FileNotFound, "working directory %q does not exist", rel)
+		case err != nil:
+			return "", brokererr.New(brokererr.PathTraversal, "working directory %q is not inside the workspace", rel)
+		case fi.Mode()&fs.ModeSymlink != 0:
+			return "", brokererr.New(brokererr.PathTraversal, "working directory %q goes through a symbolic link", rel)
+		case !fi.IsDir():
+			return "", brokererr.New(brokererr.InvalidInput, "working directory %q is not a directory", rel)
+		}
+	}
+	return WorkspacePath + "/" + rel, nil
+}
+
+// egressSocket is a job's Unix listener in its container's run dir.
+type egressSocket struct {
+	ln   net.Listener
+	name string
+	once sync.Once
+}
+
+func newEgressSocket(runDir string) (*egressSocket, error) {
+	name := "egress-" + newID() + ".sock"
+	p := filepath.Join(runDir, name)
+	if len(p) > maxSocketPath {
+		return nil, errors.New("run dir path too long for a unix socket")
+	}
+	ln, err := net.Listen("unix", p)
+	if err != nil {
+		return nil, err
+	}
+	// The sandbox user must be able to connect (write permission).
+	mode := os.FileMode(0o600)
+	if os.Chown(p, SandboxUID, SandboxGID) != nil {
+		mode = 0o666 // not root: the run dir is 0777 then
+	}
+	if err := os.Chmod(p, mode); err != nil {
+		ln.Close()
+		return nil, err
+	}
+	return &egressSocket{ln: ln, name: name}, nil
+}
+
+// close closes the listener (which unlinks the socket); nil-safe.
+func (g *egressSocket) close() {
+	if g == nil {
+		return
+	}
+	g.once.Do(func() { _ = g.ln.Close() })
+}
+
+// dockerJob is the agent's job plus the container's bookkeeping: Done is
+// closed only once the job's slot is given back.
+type dockerJob struct {
+	sandbox.Job
+	done chan struct{}
+	mu   sync.Mutex
+	err  error // overrides Exit().Err (quota)
+}
+
+func (d *dockerJob) setErr(err error) {
+	d.mu.Lock()
+	d.err = err
+	d.mu.Unlock()
+}
+
+func (d *dockerJob) Done() <-chan struct{} { return d.done }
+
+func (d *dockerJob) Exit() sandbox.JobExit {
+	x := d.Job.Exit()
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.err != nil {
+		x.Err = d.err
+	}
+	return x
+}
