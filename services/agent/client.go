@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"time"
 )
 
@@ -33,10 +32,9 @@ func Run(ctx context.Context, socketPath string, req Request) (Response, error) 
 	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
 		deadline = d
 	}
-	var d net.Dialer
 	dctx, cancel := context.WithDeadline(ctx, deadline)
 	defer cancel()
-	c, err := d.DialContext(dctx, "unix", socketPath)
+	c, err := DialSocket(dctx, socketPath)
 	if err != nil {
 		return Response{}, fmt.Errorf("agent: dial: %w", err)
 	}

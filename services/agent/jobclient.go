@@ -63,8 +63,7 @@ func StartJob(ctx context.Context, socketPath string, req JobRequest, sink sandb
 	}
 	dctx, cancel := context.WithDeadline(ctx, startDeadline)
 	defer cancel()
-	var d net.Dialer
-	c, err := d.DialContext(dctx, "unix", socketPath)
+	c, err := DialSocket(dctx, socketPath)
 	if err != nil {
 		return nil, fmt.Errorf("agent: dial: %w", err)
 	}

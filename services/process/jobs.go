@@ -61,18 +61,7 @@ func (s *Session) StartJob(ctx context.Context, spec sandbox.JobSpec, sink sandb
 		req.EgressSocket = agent.SocketDir + "/" + name
 		go spec.Egress(ln)
 	}
-	sock, closeSock, err := openSocket(sb.socket())
-	if err != nil {
-		if ln != nil {
-			ln.Close()
-		}
-		s.retire(sb)
-		return nil, brokererr.Wrap(err, brokererr.Unavailable, "the sandbox stopped responding; it will be restarted on the next call")
-	}
-	// The job keeps the one connection it dials now; the fd pinning the
-	// socket inode is only needed for that dial.
-	j, err := agentStartJob(ctx, sock, req, sink)
-	closeSock()
+	j, err := agentStartJob(ctx, sb.socket(), req, sink)
 	if err != nil {
 		if ln != nil {
 			ln.Close()

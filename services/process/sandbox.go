@@ -3,7 +3,6 @@ package process
 import (
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -404,50 +403,19 @@ func (b *Backend) sweepOrphans() {
 	}
 }
 
-// openSocket opens the agent's socket without following a symlink and
-// checks it is a socket: the run dir is writable by the sandbox, which
-// could otherwise point the broker at any host socket. The returned
-// /proc/self/fd path reaches exactly that inode while fd stays open.
-func openSocket(p string) (path string, closeFn func(), err error) {
-	const oPath = 0x200000 // O_PATH
-	fd, err := syscall.Open(p, oPath|syscall.O_NOFOLLOW|syscall.O_CLOEXEC, 0)
-	if err != nil {
-		return "", nil, err
-	}
-	var st syscall.Stat_t
-	if err := syscall.Fstat(fd, &st); err != nil {
-		syscall.Close(fd)
-		return "", nil, err
-	}
-	if st.Mode&syscall.S_IFMT != syscall.S_IFSOCK {
-		syscall.Close(fd)
-		return "", nil, errors.New("agent socket is not a socket")
-	}
-	return fmt.Sprintf("/proc/self/fd/%d", fd), func() { syscall.Close(fd) }, nil
-}
-
 func (s *sbx) socket() string { return filepath.Join(s.runDir, agent.SocketName) }
 
-// run sends one request to the agent (see agent.Run).
+// run sends one request to the agent (see agent.Run; its dial refuses a
+// socket the sandbox replaced with a symlink).
 func (s *sbx) run(ctx context.Context, req agent.Request) (agent.Response, error) {
-	p, done, err := openSocket(s.socket())
-	if err != nil {
-		return agent.Response{}, fmt.Errorf("agent: %w", err)
-	}
-	defer done()
-	return agentRun(ctx, p, req)
+	return agentRun(ctx, s.socket(), req)
 }
 
 // agentRun is a variable so tests can observe or replace the call.
 var agentRun = agent.Run
 
 func (s *sbx) ping(ctx context.Context) (bool, error) {
-	p, done, err := openSocket(s.socket())
-	if err != nil {
-		return false, err
-	}
-	defer done()
-	return agent.Ping(ctx, p)
+	return agent.Ping(ctx, s.socket())
 }
 
 // waitReady pings until the agent answers (1 ms backoff doubling to 50 ms).

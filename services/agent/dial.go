@@ -1,0 +1,46 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"path/filepath"
+
+	"golang.org/x/sys/unix"
+)
+
+// ErrNotSocket is returned when the entry at a socket path is anything but
+// a Unix socket (a symlink included).
+var ErrNotSocket = errors.New("not a unix socket")
+
+// DialSocket connects to the Unix socket at path without following a
+// symlink in its last component. Agent sockets and preview sockets live in
+// directories the sandbox can write, so a sandbox could put a symlink there
+// pointing at a host socket (docker.sock, the broker's own). The entry is
+// opened with O_PATH|O_NOFOLLOW relative to its directory, checked with
+// fstat to be a socket, and connected through /proc/self/fd/<fd>: that
+// magic link names the very inode that was checked, so nothing can be
+// swapped in between check and connect.
+func DialSocket(ctx context.Context, path string) (net.Conn, error) {
+	dir, name := filepath.Split(path)
+	dfd, err := unix.Open(filepath.Clean(dir), unix.O_PATH|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("open socket dir: %w", err)
+	}
+	defer unix.Close(dfd)
+	fd, err := unix.Openat(dfd, name, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("open socket: %w", err)
+	}
+	defer unix.Close(fd)
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return nil, fmt.Errorf("stat socket: %w", err)
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFSOCK {
+		return nil, ErrNotSocket
+	}
+	var d net.Dialer
+	return d.DialContext(ctx, "unix", fmt.Sprintf("/proc/self/fd/%d", fd))
+}
