@@ -71,7 +71,11 @@ type Config struct {
 	EgressMaxMB    int64 `env:"EGRESS_MAX_MB" validate:"min=1,max=1048576"`
 	// Hosted project sandboxes; without CSB_API_KEY projects run locally.
 	CSBAPIKey Secret `env:"CSB_API_KEY" validate:"omitempty,min=8,max=512,printascii"`
-	CSBAPIURL string `env:"CSB_API_URL" validate:"http_url"`
+	CSBAPIURL string `env:"CSB_API_URL" validate:"omitempty,http_url"`
+	// CSBTemplates maps project templates to CodeSandbox templates:
+	// {"react": {"id": "…", "port": 5173}, …}; unset ones fork the
+	// universal image.
+	CSBTemplates string `env:"CSB_TEMPLATES" validate:"omitempty,max=4096,json"`
 	// GitHub: the repository allow-list; tokens come from the env variables
 	// or files each entry names.
 	GitHubReposFile string `env:"GITHUB_REPOS_FILE" validate:"omitempty,filepath"`
@@ -107,7 +111,6 @@ func Defaults() Config {
 		ProcessUID:      65534,
 		EgressMaxConns:  32,
 		EgressMaxMB:     256,
-		CSBAPIURL:       "https://api.codesandbox.io",
 		GitHubAPIURL:    "https://api.github.com/",
 	}
 }

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # test-images.sh - smoke-test the runner images after runners/build.sh.
 #
-# Usage: runners/test-images.sh [python|typescript|bash ...]   (default: all)
+# Usage: runners/test-images.sh [python|typescript|bash|node ...]   (default: all)
 # Env:   RUNNER_TAG (default latest)
 #
 # Every workload runs the way the broker runs sandboxes: no network, read-only
@@ -9,7 +9,7 @@
 # and a host temp dir bind-mounted at /mnt/data. Exits non-zero on any failure.
 set -euo pipefail
 
-ALL_LANGS=(python typescript bash)
+ALL_LANGS=(python typescript bash node)
 TAG="${RUNNER_TAG:-latest}"
 LANGS=("$@")
 [ ${#LANGS[@]} -gt 0 ] || LANGS=("${ALL_LANGS[@]}")
@@ -108,6 +108,52 @@ test_bash() {
   check "bash: echo ok"        ok hardened "$image" "$data" bash -c 'echo ok'
   check "bash: jq works"       3  hardened "$image" "$data" bash -c 'echo "{\"a\":[1,2,3]}" | jq ".a | length"'
   check "bash: writes /data"   ok hardened "$image" "$data" bash -c 'echo ok >/data/b.txt && cat /mnt/data/b.txt'
+}
+
+# Each starter is laid out the way the local project provider does it: its
+# files copied to /mnt/data (without node_modules) and node_modules a symlink
+# into the image. The build must work with no network, within the project
+# limits (0.5 CPU, 512 MiB).
+test_node() {
+  local image="$1" data="$2" s d out want t0
+  check "npm is present"    ok hardened "$image" "$data" sh -c 'npm --version >/dev/null && echo ok'
+  for s in react vue next node; do
+    d="$data/starter-$s"
+    mkdir -p "$d"; chown 1000:1000 "$d" 2>/dev/null || chmod 0777 "$d"
+    t0=$(date +%s)
+    if out="$(docker run --rm --network none --read-only --tmpfs /tmp --cap-drop ALL \
+          --security-opt no-new-privileges --pids-limit 256 --memory 512m --memory-swap 512m --cpus 0.5 \
+          --user 1000:1000 -e HOME=/tmp -v "$d:/mnt/data" "$image" bash -c "
+            set -e
+            cd /opt/starters/$s && tar --exclude=./node_modules -cf - . | tar -xf - -C /mnt/data
+            ln -s /opt/starters/$s/node_modules /mnt/data/node_modules
+            cd /mnt/data && npm run build 2>&1" 2>&1)"; then
+      pass "$s: npm run build with --network none, 0.5 CPU, 512 MiB ($(( $(date +%s) - t0 ))s)"
+    else
+      fail "$s: npm run build failed: $(printf '%s' "$out" | tail -n 8 | tr '\n' ' ')"
+    fi
+    case "$s" in react|vue) want="$d/dist/index.html" ;; next) want="$d/out/index.html" ;; node) want="$d/server.js" ;; esac
+    if [ -s "$want" ]; then pass "$s: ${want#"$d"/} exists"; else fail "$s: ${want#"$d"/} missing after the build"; fi
+  done
+  if [ -s "$data/starter-react/dist/index.html" ]; then
+    check "react: built index.html uses relative asset URLs (base './')" yes \
+      sh -c "grep -q 'src=\"./assets/' '$data/starter-react/dist/index.html' && echo yes || echo no"
+  fi
+  if [ -s "$data/starter-next/out/index.html" ]; then
+    check "next: exported index.html uses relative _next URLs (assetPrefix './')" yes \
+      sh -c "grep -q '\"./_next/' '$data/starter-next/out/index.html' && echo yes || echo no"
+  fi
+  check "node: server.js answers on \$PREVIEW_SOCKET" "200 Hello from Node.js" hardened "$image" "$data/starter-node" node -e '
+    const { spawn } = require("node:child_process"), http = require("node:http"), fs = require("node:fs");
+    const sock = "/tmp/preview.sock";
+    const srv = spawn("node", ["/mnt/data/server.js"], { env: { ...process.env, PREVIEW_SOCKET: sock }, stdio: ["ignore", "pipe", "inherit"] });
+    srv.stdout.once("data", () => {
+      http.get({ socketPath: sock, path: "/" }, (res) => {
+        let b = ""; res.on("data", (c) => (b += c));
+        res.on("end", () => { console.log(res.statusCode + " " + b.replace(/<[^>]*>/g, "").trim()); srv.kill(); });
+      }).on("error", (e) => { console.error(e.message); srv.kill(); process.exit(1); });
+    });
+    setTimeout(() => { console.error("no answer"); srv.kill(); process.exit(1); }, 20000).unref();'
 }
 
 for lang in "${LANGS[@]}"; do

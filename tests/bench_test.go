@@ -32,6 +32,11 @@ func BenchmarkEngine(b *testing.B) {
 	// compete for the two cores with the first case.
 	waitPool(b, broker, map[string]int{"python": 2, "bash": 2, "typescript": 2})
 	warm := benchRun(b, c, map[string]any{"language": "python", "code": "print(1)"})
+	// The process (bubblewrap) backend, measured the same way.
+	requireBwrap(b)
+	pbroker := StartHTTP(b, BrokerOpts{Token: testToken, Env: map[string]string{"SANDBOX_BACKEND": "process", "RATE_LIMIT_PER_MINUTE": "100000"}})
+	pc := pbroker.Client(b, testToken)
+	pwarm := benchRun(b, pc, map[string]any{"language": "python", "code": "print(1)"})
 	p50 := map[string]time.Duration{}
 
 	cases := []struct {
@@ -55,6 +60,18 @@ func BenchmarkEngine(b *testing.B) {
 			// The same script in a brand-new interpreter, in the same warm container.
 			code := "import subprocess, sys\nsys.exit(subprocess.run([sys.executable, '-c', " + fmt.Sprintf("%q", pandasScript) + "]).returncode)"
 			return timed(func() { benchRun(b, c, map[string]any{"session_id": warm, "language": "python", "code": code}) })
+		}},
+		{"process_warm_print1", func(b *testing.B) time.Duration {
+			return timed(func() { benchRun(b, pc, map[string]any{"session_id": pwarm, "language": "python", "code": "print(1)"}) })
+		}},
+		{"baseline_host_python_print1", func(b *testing.B) time.Duration {
+			// A fresh interpreter on the host, no sandbox and no MCP.
+			return timed(func() {
+				out, err := exec.Command("python3", "-c", "print(1)").CombinedOutput()
+				if err != nil || strings.TrimSpace(string(out)) != "1" {
+					b.Fatalf("python3: %v %s", err, out)
+				}
+			})
 		}},
 		{"baseline_docker_run_print1", func(b *testing.B) time.Duration {
 			return timed(func() {
@@ -83,6 +100,11 @@ func BenchmarkEngine(b *testing.B) {
 			ms(p50["warm_print1"]), ms(p50["baseline_docker_run_print1"]), float64(p50["baseline_docker_run_print1"])/float64(p50["warm_print1"]),
 			ms(p50["new_session_print1"]), ms(p50["pandas_matplotlib_zygote"]), ms(p50["baseline_pandas_fresh_interpreter"]),
 			float64(p50["baseline_pandas_fresh_interpreter"])/float64(max(p50["pandas_matplotlib_zygote"], 1)))
+	}
+	if p50["process_warm_print1"] > 0 && p50["baseline_host_python_print1"] > 0 {
+		fmt.Printf("summary: process backend warm print(1) p50 %.1f ms (target <= 10 ms) vs a bare host python3 -c %.1f ms (%.2fx)\n",
+			ms(p50["process_warm_print1"]), ms(p50["baseline_host_python_print1"]),
+			float64(p50["process_warm_print1"])/float64(p50["baseline_host_python_print1"]))
 	}
 }
 

@@ -15,8 +15,12 @@ const csbKey = "csb_v1_test_0123456789abcdef"
 func csbBroker(t *testing.T) (*csbfake.Server, *client.Client) {
 	t.Helper()
 	fake := csbfake.New(t, csbKey)
+	// The react template is the operator's own, with a dev task on 5173;
+	// the others fork the universal image.
+	fake.AddTemplate("rtpl42", map[string][]byte{"package.json": []byte(`{"name":"starter"}`)}, 5173)
 	b := StartHTTP(t, BrokerOpts{Token: testToken, Env: map[string]string{
-		"CSB_API_KEY": csbKey, "CSB_API_URL": fake.URL(), "SANDBOX_BACKEND": "none"}})
+		"CSB_API_KEY": csbKey, "CSB_API_URL": fake.URL(), "SANDBOX_BACKEND": "none",
+		"CSB_TEMPLATES": `{"react": {"id": "rtpl42", "port": 5173}}`}})
 	return fake, b.Client(t, testToken)
 }
 

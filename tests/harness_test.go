@@ -89,12 +89,25 @@ func brokerEnv(root, token string, extra map[string]string) []string {
 	return env
 }
 
+// brokerRoot is a fresh SANDBOX_ROOT. The process backend runs sandboxes
+// as another uid, which must traverse to the root, so the temp dir and its
+// parent get o+x (a deployment's SANDBOX_ROOT needs the same).
+func brokerRoot(t testing.TB) string {
+	dir := t.TempDir()
+	for _, d := range []string{filepath.Dir(dir), dir} {
+		if err := os.Chmod(d, 0o711); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dir
+}
+
 // StartHTTP starts the broker on a free loopback port and waits until it
 // reports the address it listens on.
 func StartHTTP(t testing.TB, o BrokerOpts) *Broker {
 	t.Helper()
 	if o.Root == "" {
-		o.Root = t.TempDir()
+		o.Root = brokerRoot(t)
 	}
 	args := append([]string{"serve", "--transport", "http", "--addr", "127.0.0.1:0"}, o.Args...)
 	cmd := exec.Command(brokerBin, args...)
@@ -180,7 +193,7 @@ func (b *Broker) Client(t testing.TB, token string) *client.Client {
 func StartStdio(t testing.TB, root string, extra map[string]string) *client.Client {
 	t.Helper()
 	if root == "" {
-		root = t.TempDir()
+		root = brokerRoot(t)
 	}
 	env := brokerEnv(root, "", extra)
 	c, err := client.NewStdioMCPClient(brokerBin, env, "serve", "--transport", "stdio")

@@ -22,9 +22,10 @@ import (
 type Jobs struct {
 	Engine *Engine
 	Jobs   *jobs.Manager
-	// Egress returns the proxy a job with this policy reaches the network
-	// through; it is only called for policies other than none.
-	Egress func(egress.Policy) func(net.Listener)
+	// Egress returns the proxy a job of the principal's session (by
+	// workspace ID) reaches the network through under policy; it is only
+	// called for policies other than none.
+	Egress func(principal, sessionKey string, policy egress.Policy) (func(net.Listener), error)
 }
 
 // Limits of the execution tools.
@@ -178,7 +179,9 @@ func (j *Jobs) start(ctx context.Context, p identity.Principal, a *ExecuteCodeAr
 	}
 	spec := sandbox.JobSpec{Command: a.Command, WorkDir: wd, Env: a.Environment, Timeout: timeout, Interactive: a.Interactive}
 	if policy.Mode != egress.ModeNone && j.Egress != nil {
-		spec.Egress = j.Egress(policy)
+		if spec.Egress, err = j.Egress(p.ID, lease.WorkspaceID, policy); err != nil {
+			return "", "", err
+		}
 	}
 	unpin := lease.Pin()
 	principal := p.ID

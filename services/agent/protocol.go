@@ -78,6 +78,10 @@ const (
 	LangNode = "node" // bash main.sh
 )
 
+// RunLanguages are the languages run_code offers; LangNode is the project
+// providers' alone.
+var RunLanguages = []string{LangPython, LangTypeScript, LangJavaScript, LangBash}
+
 // PingLanguage makes a cheap liveness request: Request{Language:
 // PingLanguage} is answered at once with an empty, successful Response
 // (ExitCode 0, no Error) without taking the run lock or starting anything;

@@ -59,6 +59,7 @@ type Broker struct {
 	loops     sync.WaitGroup     // background loops, waited for on Close
 	poolStats func() map[string]int
 	health    healthCache
+	egress    egressQuotas
 }
 
 // Options are what the caller supplies besides Config.
@@ -84,10 +85,12 @@ func New(ctx context.Context, cfg config.Config, opts Options) (b *Broker, err e
 	if cfg.Root, err = filepath.Abs(cfg.Root); err != nil {
 		return nil, fmt.Errorf("SANDBOX_ROOT: %w", err)
 	}
-	b = &Broker{cfg: cfg, version: opts.Version, started: time.Now(), sessions: newSessionOwners()}
+	nb := &Broker{cfg: cfg, version: opts.Version, started: time.Now(), sessions: newSessionOwners(),
+		egress: egressQuotas{maxAge: time.Duration(cfg.MaxAgeS) * time.Second}}
+	b = nb
 	defer func() {
-		if err != nil {
-			b.Close()
+		if err != nil { // b is nil by now: close what was opened
+			nb.Close()
 		}
 	}()
 

@@ -6,17 +6,16 @@ import (
 	"encoding/hex"
 	"fmt"
 	"io"
-	"net"
 	"os"
 	"path/filepath"
 	"strings"
 	"time"
 
 	"github.com/sandbox-broker/sandbox-broker/config"
+	"github.com/sandbox-broker/sandbox-broker/services/agent"
 	"github.com/sandbox-broker/sandbox-broker/services/brokererr"
 	"github.com/sandbox-broker/sandbox-broker/services/codesandbox"
 	"github.com/sandbox-broker/sandbox-broker/services/docker"
-	"github.com/sandbox-broker/sandbox-broker/services/egress"
 	"github.com/sandbox-broker/sandbox-broker/services/files"
 	"github.com/sandbox-broker/sandbox-broker/services/identity"
 	"github.com/sandbox-broker/sandbox-broker/services/jobs"
@@ -57,8 +56,8 @@ func (b *Broker) openSigner(cfg config.Config) ([]string, error) {
 // its other tools, sandbox tools answer UNAVAILABLE, and /readyz reports
 // the backend as failing.
 func (b *Broker) openEngine(ctx context.Context, cfg config.Config) error {
-	if cfg.Backend == "none" {
-		return nil
+	if cfg.Backend == "none" { // hosted project sandboxes still work
+		return b.openProjects(ctx, cfg, "", false)
 	}
 	agentBin, err := installAgent(cfg.Root)
 	if err != nil {
@@ -128,6 +127,7 @@ func (b *Broker) openBackend(ctx context.Context, cfg config.Config, agentBin st
 			PidsLimit:   cfg.PidsLimit,
 			Runtime:     cfg.Runtime,
 			InstanceID:  instanceID(),
+			Languages:   agent.RunLanguages,
 			Log:         logging.Component(b.log, "docker"),
 			WorkspaceLimits: workspace.Limits{MaxFiles: cfg.MaxFiles, MaxBytes: cfg.MaxWorkspaceMB << 20,
 				MaxFileBytes: min(cfg.MaxWorkspaceMB<<20, 64<<20)},
@@ -154,23 +154,6 @@ func (b *Broker) openBackend(ctx context.Context, cfg config.Config, agentBin st
 			MaxFileBytes: min(cfg.MaxWorkspaceMB<<20, 64<<20)},
 	})
 	return eng, false, err
-}
-
-// egressFor returns a job's egress proxy for policy: it resolves and dials
-// from the broker's host, checking every address against the blocked ranges.
-func (b *Broker) egressFor(policy egress.Policy) func(net.Listener) {
-	log := logging.Component(b.log, "egress")
-	return func(ln net.Listener) {
-		p := egress.New(egress.Options{
-			Policy:   policy,
-			Resolver: net.DefaultResolver,
-			Dialer:   &net.Dialer{},
-			MaxConns: b.cfg.EgressMaxConns,
-			MaxBytes: b.cfg.EgressMaxMB << 20,
-			Log:      log,
-		})
-		_ = p.Serve(ln)
-	}
 }
 
 // installAgent copies the broker's own binary (it doubles as the in-sandbox
@@ -279,9 +262,14 @@ func (b *Broker) openProjects(ctx context.Context, cfg config.Config, agentBin s
 	var err error
 	switch {
 	case cfg.CSBAPIKey.Reveal() != "":
+		var tpl map[string]codesandbox.Template
+		if tpl, err = codesandbox.ParseTemplates(cfg.CSBTemplates); err != nil {
+			return err
+		}
 		p, err = codesandbox.NewProvider(codesandbox.ProviderOptions{
-			API: codesandbox.Options{BaseURL: cfg.CSBAPIURL, APIKey: cfg.CSBAPIKey.Reveal(), Log: logging.Component(b.log, "codesandbox")},
-			Log: logging.Component(b.log, "codesandbox"),
+			API:       codesandbox.Options{BaseURL: cfg.CSBAPIURL, APIKey: cfg.CSBAPIKey.Reveal()},
+			Templates: tpl,
+			Log:       b.log,
 		})
 	case dockerOK:
 		p, err = local.New(ctx, local.Options{

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"strings"
+	"time"
 
 	"github.com/sandbox-broker/sandbox-broker/config"
 	"github.com/sandbox-broker/sandbox-broker/services/brokererr"
@@ -27,6 +28,8 @@ func loadGitHubRepos(cfg config.Config) ([]github.Repo, []string, error) {
 	return repos, github.Tokens(repos), nil
 }
 
+const githubRecheckEvery = 5 * time.Minute
+
 // openGitHub starts the manager; its push checks feed /readyz.
 func (b *Broker) openGitHub(ctx context.Context, cfg config.Config, repos []github.Repo) error {
 	if len(repos) == 0 {
@@ -37,6 +40,26 @@ func (b *Broker) openGitHub(ctx context.Context, cfg config.Config, repos []gith
 		return fmt.Errorf("github: %w", err)
 	}
 	b.github = m
+	// A repo that failed its start-up check is checked again now and then,
+	// so /readyz recovers once the token or the API is fixed.
+	b.loop(func(ctx context.Context) {
+		t := time.NewTicker(githubRecheckEvery)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			for id, st := range m.Status() {
+				if st != "ok" {
+					cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+					_ = m.CheckAccess(cctx, id)
+					cancel()
+				}
+			}
+		}
+	})
 	b.checks = append(b.checks, check{"github", func(context.Context) error {
 		var bad []string
 		for id, st := range m.Status() {

@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -68,6 +69,10 @@ type Options struct {
 	ReadyTimeout time.Duration
 	// WorkspaceLimits is each session's quota; zero fields take defaults.
 	WorkspaceLimits workspace.Limits
+	// Languages, when set, are the only runner languages this engine
+	// serves (the project engine serves only the Node runner, run_code
+	// every other one).
+	Languages []string
 }
 
 const (
@@ -244,7 +249,7 @@ func (e *Engine) discover(ctx context.Context) (map[string]runnerImage, error) {
 	}
 	for _, im := range imgs {
 		lang := im.Labels[LabelLanguage]
-		if lang == "" || !validLanguage(lang) {
+		if lang == "" || !validLanguage(lang) || (len(e.o.Languages) > 0 && !slices.Contains(e.o.Languages, lang)) {
 			continue
 		}
 		r := runnerImage{Language: lang, ID: im.ID, Ref: im.ID, Created: im.Created}

@@ -21,11 +21,11 @@ import (
 
 var _ sandbox.JobRunner = (*Session)(nil)
 
-// jobLanguages is the order in which a job picks a container: the first of
-// these the session already has, else any container it has, else a new
-// one of the first of these with a runner image. Jobs are shell commands,
-// so the bash runner is preferred; every runner has bash.
-var jobLanguages = []string{agent.LangBash, agent.LangPython, agent.LangNode, agent.LangTypeScript, agent.LangJavaScript}
+// jobLanguages is the order in which a job without JobSpec.Language picks
+// its runner: the first with an image. Jobs are shell commands and every
+// runner has bash; the python runner also has the most tools, so a
+// command's environment does not depend on what the session ran before.
+var jobLanguages = []string{agent.LangPython, agent.LangBash, agent.LangNode, agent.LangTypeScript, agent.LangJavaScript}
 
 // maxSocketPath is sun_path's capacity minus its NUL.
 const maxSocketPath = 107
@@ -70,7 +70,7 @@ func (s *Session) StartJob(ctx context.Context, spec sandbox.JobSpec, sink sandb
 	if err != nil {
 		return nil, err
 	}
-	c, err := s.jobContainerLocked(ctx)
+	c, err := s.jobContainerLocked(ctx, spec.Language)
 	if err != nil {
 		return nil, err
 	}
@@ -157,33 +157,24 @@ func jobStartError(ctx context.Context, err error) error {
 	return brokererr.Wrap(err, brokererr.Unavailable, "the sandbox did not start the execution")
 }
 
-// jobContainerLocked picks the job's container (see jobLanguages). Caller
-// holds s.mu.
-func (s *Session) jobContainerLocked(ctx context.Context) (*ctr, error) {
-	for _, l := range jobLanguages {
-		if c := s.ctrs[l]; c != nil && !c.gone.Load() {
-			return c, nil
+// jobContainerLocked returns the session's container of lang (default:
+// the first of jobLanguages with a runner image), starting it if needed.
+// Caller holds s.mu.
+func (s *Session) jobContainerLocked(ctx context.Context, lang string) (*ctr, error) {
+	if lang == "" {
+		s.e.mu.Lock()
+		runners := s.e.runners
+		s.e.mu.Unlock()
+		lang = agent.LangBash
+		for _, l := range jobLanguages {
+			if _, ok := runners[l]; ok {
+				lang = l
+				break
+			}
 		}
 	}
-	langs := make([]string, 0, len(s.ctrs))
-	for l, c := range s.ctrs {
-		if !c.gone.Load() {
-			langs = append(langs, l)
-		}
-	}
-	if len(langs) > 0 {
-		sort.Strings(langs)
-		return s.ctrs[langs[0]], nil
-	}
-	s.e.mu.Lock()
-	runners := s.e.runners
-	s.e.mu.Unlock()
-	lang := agent.LangBash
-	for _, l := range jobLanguages {
-		if _, ok := runners[l]; ok {
-			lang = l
-			break
-		}
+	if c := s.ctrs[lang]; c != nil && !c.gone.Load() {
+		return c, nil
 	}
 	r, err := s.e.runner(ctx, lang)
 	if err != nil {

@@ -97,7 +97,7 @@ func openSession(t *testing.T, e *Engine) sandbox.Session {
 
 func TestJobStreamsAndStdin(t *testing.T) {
 	e := newEngine(t, nil)
-	needRunner(t, e, "bash")
+	needRunner(t, e, "python")
 	s := openSession(t, e)
 	o := newJobOutput()
 	j := startJob(t, s, sandbox.JobSpec{Command: "for i in 1 2 3 4 5; do echo line$i; sleep 0.2; done; echo err >&2; pwd", Env: map[string]string{"A": "1"}}, o)
@@ -120,8 +120,9 @@ func TestJobStreamsAndStdin(t *testing.T) {
 	if x.Duration < 800*time.Millisecond {
 		t.Fatalf("duration %v", x.Duration)
 	}
-	// The job ran in the session's bash container.
-	if c := sessionContainer(t, s); c.lang != "bash" {
+	// Without a Language the job runs in the python runner, whatever the
+	// session ran before.
+	if c := sessionContainer(t, s); c.lang != "python" {
 		t.Fatalf("job container language %q", c.lang)
 	}
 
@@ -159,7 +160,7 @@ func TestJobSurvivesExecAndRelease(t *testing.T) {
 	// The job starts a session of its own while the run below is under
 	// way (they hand over through files): without the job exemption the
 	// stray check would replace the container, killing the job.
-	j := startJob(t, s, sandbox.JobSpec{Command: "echo ready; while [ ! -e go ]; do sleep 0.05; done; setsid sleep 999 & touch ack; while read l; do echo got:$l; done", Interactive: true}, o)
+	j := startJob(t, s, sandbox.JobSpec{Language: "bash", Command: "echo ready; while [ ! -e go ]; do sleep 0.05; done; setsid sleep 999 & touch ack; while read l; do echo got:$l; done", Interactive: true}, o)
 	o.waitFor(t, "ready\n")
 	c := sessionContainer(t, s)
 

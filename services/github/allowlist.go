@@ -35,6 +35,8 @@ var (
 	// Fine-grained PATs are github_pat_<22>_<59>; the lengths are not
 	// pinned so a format revision does not lock the broker out.
 	fineGrainedPAT = regexp.MustCompile(`^github_pat_[A-Za-z0-9_]{30,240}$`)
+	// legacyToken is the 40-hex shape classic tokens had before prefixes.
+	legacyToken = regexp.MustCompile(`^[0-9a-fA-F]{40}$`)
 )
 
 // classicPrefixes are token kinds refused outright: they reach every repo
@@ -92,6 +94,11 @@ func ParseRepos(data []byte) ([]Repo, error) {
 	}
 	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
 		return nil, errors.New("allow-list has data after the JSON array")
+	}
+	if len(repos) == 0 {
+		// A set GITHUB_REPOS_FILE that grants nothing is a mistake, not a
+		// way to turn GitHub off (leave the variable unset for that).
+		return nil, errors.New("allow-list lists no repositories")
 	}
 	if len(repos) > maxRepos {
 		return nil, fmt.Errorf("allow-list has more than %d repos", maxRepos)
@@ -289,6 +296,9 @@ func checkTokenShape(tok string) error {
 		if strings.HasPrefix(tok, p) {
 			return fmt.Errorf("%s (%s…); only fine-grained personal access tokens (github_pat_…) are accepted", kind, p)
 		}
+	}
+	if legacyToken.MatchString(tok) {
+		return errors.New("a classic personal access token (the 40-hex legacy format); only fine-grained personal access tokens (github_pat_…) are accepted")
 	}
 	if !fineGrainedPAT.MatchString(tok) {
 		return errors.New("not a fine-grained personal access token (github_pat_…); classic, OAuth and unknown token shapes are refused")

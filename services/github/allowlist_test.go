@@ -42,6 +42,10 @@ func TestParseRepos(t *testing.T) {
 	}
 	bad := map[string]string{
 		"not an array":         entry(nil),
+		"empty array":          `[]`,
+		"null":                 `null`,
+		"null globs":           `[` + entry(map[string]any{"allowed_branches": nil}) + `]`,
+		"token in the file":    `[` + entry(map[string]any{"token_env": nil, "token": "x"}) + `]`,
 		"trailing data":        `[` + entry(nil) + `] []`,
 		"unknown field":        `[` + entry(map[string]any{"token": "x"}) + `]`,
 		"case-variant key":     `[{"Repo_ID":"widgets","owner":"acme","name":"widgets","allowed_branches":["sandbox/*"],"base_branch":"main","token_env":"T"}]`,
@@ -113,6 +117,62 @@ func TestLoadReposFromFileAndSecretFile(t *testing.T) {
 	if _, err := github.LoadRepos(filepath.Join(dir, "missing.json"), lookup(nil)); err == nil {
 		t.Error("missing allow-list accepted")
 	}
+}
+
+// Every non-fine-grained shape is refused with a message that says what
+// the token is, names the variable, and does not repeat the token.
+func TestTokenKindsExplained(t *testing.T) {
+	cases := map[string]string{
+		"gh" + "p_" + strings.Repeat("Z9y8", 9):            "classic personal access token",
+		"gh" + "o_" + strings.Repeat("Z9y8", 9):            "OAuth token",
+		"gh" + "u_" + strings.Repeat("Z9y8", 9):            "GitHub App user token",
+		"gh" + "s_" + strings.Repeat("Z9y8", 9):            "installation token",
+		"gh" + "r_" + strings.Repeat("Z9y8", 9):            "refresh token",
+		strings.Repeat("0123456789abcdef", 2) + "01234567": "classic personal access token",
+		"not-a-token-at-all-0123456789":                    "not a fine-grained personal access token",
+	}
+	for tok, want := range cases {
+		repos, err := github.ParseRepos([]byte(allowList))
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = github.ResolveTokens(repos, lookup(map[string]string{env: tok}))
+		if err == nil {
+			t.Fatalf("%.4s… accepted", tok)
+		}
+		msg := err.Error()
+		if !strings.Contains(msg, want) || !strings.Contains(msg, "github_pat_") || !strings.Contains(msg, env) || strings.Contains(msg, tok[4:]) {
+			t.Errorf("%.4s…: message %q should say %q, name %s and github_pat_, and not repeat the token", tok, msg, want, env)
+		}
+	}
+}
+
+func FuzzResolveTokens(f *testing.F) {
+	for _, s := range []string{token, classic, "github_" + "pat_x", " " + token + "\n", strings.Repeat("a", 40), ""} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, tok string) {
+		repos, err := github.ParseRepos([]byte(allowList))
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = github.ResolveTokens(repos, lookup(map[string]string{env: tok}))
+		trimmed := strings.TrimSpace(tok)
+		if err == nil {
+			got := github.Tokens(repos)
+			if len(got) != 1 || got[0] != trimmed || !strings.HasPrefix(trimmed, "github_pat_") || strings.ContainsAny(trimmed, " \t\r\n") {
+				t.Fatalf("accepted %q as %q", tok, got)
+			}
+			return
+		}
+		if github.Tokens(repos) != nil {
+			t.Fatal("a refused token was kept")
+		}
+		// Long secret-like values never come back in the message.
+		if len(trimmed) >= 24 && !strings.ContainsAny(trimmed, " \t\r\n") && strings.Contains(err.Error(), trimmed) {
+			t.Fatalf("message %q repeats the token", err)
+		}
+	})
 }
 
 func TestBaseBranchRefusedEvenWhenAGlobMatchesIt(t *testing.T) {

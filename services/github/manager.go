@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/url"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -31,8 +32,11 @@ const (
 	maxResponseBytes = 8 << 20 // a 1 MB file is ~1.4 MB of base64 JSON
 	readAttempts     = 3
 	retryBase        = 250 * time.Millisecond
-	defaultRetry     = time.Minute
+	defaultRetry     = time.Minute // GitHub: "wait for at least one minute"
 	startupChecks    = 8
+	// refAttempts bounds how often a commit is rebuilt on a branch head
+	// that moved under it (a lost race at the non-force ref update).
+	refAttempts = 3
 )
 
 // Options configure a Manager.
@@ -84,14 +88,19 @@ type repoState struct {
 	write chan struct{}
 
 	mu      sync.Mutex
-	checked bool
 	canPush bool
-	status  string
+	// writeChecked is set once push access was checked on the way to a
+	// write, not only at start-up: the start-up check can be hours old.
+	writeChecked bool
+	status       string
+	// limitedUntil closes the gate after a rate limit (see rateLimited).
+	limitedUntil time.Time
 }
 
 // New builds a Manager and checks every repo's push access once. A failed
-// check is not an error here: it shows in Status and is re-run before the
-// first write. Configuration errors are.
+// check is not an error here: it shows in Status. Access is checked again
+// before the first write to each repo, and after GitHub refuses the token.
+// Configuration errors are errors.
 func New(ctx context.Context, o Options) (*Manager, error) {
 	if len(o.Repos) == 0 {
 		return nil, errors.New("github: no repositories in the allow-list")
@@ -133,8 +142,13 @@ func New(ctx context.Context, o Options) (*Manager, error) {
 		if _, dup := m.repos[r.RepoID]; dup {
 			return nil, fmt.Errorf("github: repo_id %s is listed twice", r.RepoID)
 		}
+		// go-github blocks a client after a secondary limit for its
+		// Retry-After or, lacking one, until X-RateLimit-Reset (the primary
+		// window, up to an hour); GitHub asks for a minute then. Capping
+		// its block keeps it within the manager's own gate.
 		client, err := gh.NewClient(gh.WithHTTPClient(hc), gh.WithAuthToken(r.token),
-			gh.WithURLs(&baseURL, &baseURL), gh.WithUserAgent("sandbox-broker"))
+			gh.WithURLs(&baseURL, &baseURL), gh.WithUserAgent("sandbox-broker"),
+			gh.WithMaxSecondaryRateLimitRetryAfterDuration(defaultRetry))
 		if err != nil {
 			return nil, fmt.Errorf("github: repo %s: client: %w", r.RepoID, err)
 		}
@@ -200,7 +214,7 @@ func (m *Manager) Status() map[string]string {
 func (rs *repoState) setAccess(ok bool, status string) {
 	rs.mu.Lock()
 	defer rs.mu.Unlock()
-	rs.checked, rs.canPush, rs.status = true, ok, status
+	rs.canPush, rs.status = ok, status
 }
 
 // invalidate forgets a good check after GitHub refused the token, so the
@@ -211,10 +225,17 @@ func (rs *repoState) invalidate(status string) {
 	rs.canPush, rs.status = false, status
 }
 
-func (rs *repoState) pushOK() bool {
+// writeReady reports whether a write may go ahead without a new check.
+func (rs *repoState) writeReady() bool {
 	rs.mu.Lock()
 	defer rs.mu.Unlock()
-	return rs.checked && rs.canPush
+	return rs.writeChecked && rs.canPush
+}
+
+func (rs *repoState) markWriteChecked() {
+	rs.mu.Lock()
+	defer rs.mu.Unlock()
+	rs.writeChecked = true
 }
 
 // CheckAccess asks GitHub whether the repo's token can push to it.
@@ -224,7 +245,7 @@ func (m *Manager) CheckAccess(ctx context.Context, repoID string) error {
 		return err
 	}
 	var repo *gh.Repository
-	err = m.read(ctx, func(ctx context.Context) (*gh.Response, error) {
+	err = m.read(ctx, rs, func(ctx context.Context) (*gh.Response, error) {
 		var resp *gh.Response
 		var err error
 		repo, resp, err = rs.client.Repositories.Get(ctx, rs.cfg.Owner, rs.cfg.Name)
@@ -267,15 +288,22 @@ func statusFor(err error) string {
 // then one ref update without force. The ref update is the only step that
 // changes the branch, so the commit is all or nothing. Everything the caller
 // sent is validated before the first request.
+//
+// If the branch moves between reading its head and the ref update (GitHub
+// answers 422, not a fast forward, or "Reference already exists" for a
+// branch created meanwhile), the tree and commit are rebuilt on the new
+// head, reusing the blobs, at most refAttempts times in all. Nothing is
+// ever forced, so no one else's commit is lost.
 func (m *Manager) Commit(ctx context.Context, req CommitRequest) (CommitResult, error) {
 	rs, paths, err := m.validateCommit(req)
 	if err != nil {
 		return CommitResult{}, err
 	}
-	if !rs.pushOK() {
+	if !rs.writeReady() {
 		if err := m.CheckAccess(ctx, req.RepoID); err != nil {
 			return CommitResult{}, err
 		}
+		rs.markWriteChecked()
 	}
 	select {
 	case rs.write <- struct{}{}:
@@ -283,94 +311,59 @@ func (m *Manager) Commit(ctx context.Context, req CommitRequest) (CommitResult, 
 	case <-ctx.Done():
 		return CommitResult{}, brokererr.Wrap(ctx.Err(), brokererr.Unavailable, "another commit to %s is still running", req.RepoID)
 	}
-	owner, name := rs.cfg.Owner, rs.cfg.Name
 
-	parent, exists, err := m.branchHead(ctx, rs, req.Branch)
+	head, exists, err := m.branchHead(ctx, rs, req.Branch)
 	if err != nil {
 		return CommitResult{}, err
 	}
-	if !exists {
-		if parent, _, err = m.branchHead(ctx, rs, rs.cfg.BaseBranch); err != nil {
+	var entries []*gh.TreeEntry
+	var sha string
+	for attempt := 1; ; attempt++ {
+		parent := head
+		if !exists {
+			if parent, _, err = m.branchHead(ctx, rs, rs.cfg.BaseBranch); err != nil {
+				return CommitResult{}, err
+			}
+			if parent == "" {
+				return CommitResult{}, brokererr.New(brokererr.InvalidRepo, "base branch %s does not exist in %s", rs.cfg.BaseBranch, req.RepoID)
+			}
+		}
+		baseTree, err := m.commitTree(ctx, rs, parent)
+		if err != nil {
 			return CommitResult{}, err
 		}
-		if parent == "" {
-			return CommitResult{}, brokererr.New(brokererr.InvalidRepo, "base branch %s does not exist in %s", rs.cfg.BaseBranch, req.RepoID)
+		if entries == nil {
+			if entries, err = m.createBlobs(ctx, rs, req.Files, paths); err != nil {
+				return CommitResult{}, err
+			}
 		}
-	}
-	var parentCommit *gh.Commit
-	err = m.read(ctx, func(ctx context.Context) (*gh.Response, error) {
-		var resp *gh.Response
-		var err error
-		parentCommit, resp, err = rs.client.Git.GetCommit(ctx, owner, name, parent)
-		return resp, err
-	})
-	if err != nil {
-		return CommitResult{}, m.apiError(rs, "get commit", err)
-	}
-	baseTree := parentCommit.GetTree().GetSHA()
-	if baseTree == "" {
-		return CommitResult{}, brokererr.New(brokererr.Unavailable, "GitHub returned a commit without a tree")
-	}
-
-	entries := make([]*gh.TreeEntry, 0, len(paths))
-	for _, p := range paths {
-		var blob *gh.Blob
-		err := m.write(ctx, func(ctx context.Context) (*gh.Response, error) {
-			var resp *gh.Response
-			var err error
-			blob, resp, err = rs.client.Git.CreateBlob(ctx, owner, name, gh.Blob{
-				Content: new(base64.StdEncoding.EncodeToString(req.Files[p])), Encoding: new("base64")})
-			return resp, err
-		})
-		if err != nil {
-			return CommitResult{}, m.apiError(rs, "create blob", err)
+		if sha, err = m.createCommit(ctx, rs, baseTree, entries, parent, req.Message); err != nil {
+			return CommitResult{}, err
 		}
-		if blob.GetSHA() == "" {
-			return CommitResult{}, brokererr.New(brokererr.Unavailable, "GitHub returned a blob without a SHA")
+		// The branch moves here and only here. A new branch is created at
+		// the new commit directly, so it never exists half made.
+		err = m.moveBranch(ctx, rs, req.Branch, exists, sha)
+		if err == nil {
+			break
 		}
-		entries = append(entries, &gh.TreeEntry{Path: new(p), Mode: new("100644"), Type: new("blob"), SHA: blob.SHA})
-	}
-	var tree *gh.Tree
-	err = m.write(ctx, func(ctx context.Context) (*gh.Response, error) {
-		var resp *gh.Response
-		var err error
-		tree, resp, err = rs.client.Git.CreateTree(ctx, owner, name, baseTree, entries)
-		return resp, err
-	})
-	if err != nil {
-		return CommitResult{}, m.apiError(rs, "create tree", err)
-	}
-	var commit *gh.Commit
-	err = m.write(ctx, func(ctx context.Context) (*gh.Response, error) {
-		var resp *gh.Response
-		var err error
-		commit, resp, err = rs.client.Git.CreateCommit(ctx, owner, name, gh.Commit{
-			Message: new(req.Message), Tree: &gh.Tree{SHA: tree.SHA}, Parents: []*gh.Commit{{SHA: new(parent)}}}, nil)
-		return resp, err
-	})
-	if err != nil {
-		return CommitResult{}, m.apiError(rs, "create commit", err)
-	}
-	sha := commit.GetSHA()
-	if sha == "" || tree.GetSHA() == "" {
-		return CommitResult{}, brokererr.New(brokererr.Unavailable, "GitHub returned an object without a SHA")
-	}
-
-	// The branch moves here and only here. A new branch is created at the
-	// new commit directly, so it never exists half made.
-	err = m.write(ctx, func(ctx context.Context) (*gh.Response, error) {
-		if exists {
-			_, resp, err := rs.client.Git.UpdateRef(ctx, owner, name, "heads/"+req.Branch, gh.UpdateRef{SHA: sha, Force: new(false)})
-			return resp, err
+		if !isStatus(err, http.StatusUnprocessableEntity) {
+			return CommitResult{}, m.apiError(rs, "update ref", err)
 		}
-		_, resp, err := rs.client.Git.CreateRef(ctx, owner, name, gh.CreateRef{Ref: "refs/heads/" + req.Branch, SHA: sha})
-		return resp, err
-	})
-	if isStatus(err, http.StatusUnprocessableEntity) {
-		return CommitResult{}, brokererr.Wrap(err, brokererr.Conflict, "branch %s changed on GitHub while committing; nothing was written to it, try again", req.Branch)
-	}
-	if err != nil {
-		return CommitResult{}, m.apiError(rs, "update ref", err)
+		// 422: either the branch moved (a lost race) or GitHub refused the
+		// update for another reason. Only the first is retried.
+		now, nowExists, herr := m.branchHead(ctx, rs, req.Branch)
+		if herr != nil {
+			return CommitResult{}, herr
+		}
+		if now == head && nowExists == exists {
+			return CommitResult{}, m.apiError(rs, "update ref", err)
+		}
+		if attempt >= refAttempts {
+			return CommitResult{}, brokererr.Wrap(err, brokererr.Conflict,
+				"branch %s kept changing on GitHub while committing; nothing was written to it, try again", req.Branch)
+		}
+		m.log.Info().Str("repo_id", req.RepoID).Str("branch", req.Branch).Int("attempt", attempt).Msg("github_branch_moved_retrying")
+		head, exists = now, nowExists
 	}
 	m.log.Info().Str("repo_id", req.RepoID).Str("branch", req.Branch).Int("files", len(paths)).
 		Bool("branch_created", !exists).Str("commit_sha", sha).Msg("github_commit")
@@ -399,6 +392,95 @@ func (m *Manager) Commit(ctx context.Context, req CommitRequest) (CommitResult, 
 	return res, nil
 }
 
+// commitTree returns the tree SHA of a commit.
+func (m *Manager) commitTree(ctx context.Context, rs *repoState, commitSHA string) (string, error) {
+	var c *gh.Commit
+	err := m.read(ctx, rs, func(ctx context.Context) (*gh.Response, error) {
+		var resp *gh.Response
+		var err error
+		c, resp, err = rs.client.Git.GetCommit(ctx, rs.cfg.Owner, rs.cfg.Name, commitSHA)
+		return resp, err
+	})
+	if err != nil {
+		return "", m.apiError(rs, "get commit", err)
+	}
+	if c.GetTree().GetSHA() == "" {
+		return "", brokererr.New(brokererr.Unavailable, "GitHub returned a commit without a tree")
+	}
+	return c.GetTree().GetSHA(), nil
+}
+
+// createBlobs uploads each file as a base64 blob (binary-safe) and returns
+// the tree entries naming them.
+func (m *Manager) createBlobs(ctx context.Context, rs *repoState, files map[string][]byte, paths []string) ([]*gh.TreeEntry, error) {
+	entries := make([]*gh.TreeEntry, 0, len(paths))
+	for _, p := range paths {
+		var blob *gh.Blob
+		err := m.write(ctx, rs, func(ctx context.Context) (*gh.Response, error) {
+			var resp *gh.Response
+			var err error
+			blob, resp, err = rs.client.Git.CreateBlob(ctx, rs.cfg.Owner, rs.cfg.Name, gh.Blob{
+				Content: new(base64.StdEncoding.EncodeToString(files[p])), Encoding: new("base64")})
+			return resp, err
+		})
+		if err != nil {
+			return nil, m.apiError(rs, "create blob", err)
+		}
+		if blob.GetSHA() == "" {
+			return nil, brokererr.New(brokererr.Unavailable, "GitHub returned a blob without a SHA")
+		}
+		entries = append(entries, &gh.TreeEntry{Path: new(p), Mode: new("100644"), Type: new("blob"), SHA: blob.SHA})
+	}
+	return entries, nil
+}
+
+// createCommit makes a tree of entries on baseTree and a commit of it with
+// parent as its only parent, and returns the commit SHA.
+func (m *Manager) createCommit(ctx context.Context, rs *repoState, baseTree string, entries []*gh.TreeEntry, parent, message string) (string, error) {
+	owner, name := rs.cfg.Owner, rs.cfg.Name
+	var tree *gh.Tree
+	err := m.write(ctx, rs, func(ctx context.Context) (*gh.Response, error) {
+		var resp *gh.Response
+		var err error
+		tree, resp, err = rs.client.Git.CreateTree(ctx, owner, name, baseTree, entries)
+		return resp, err
+	})
+	if err != nil {
+		return "", m.apiError(rs, "create tree", err)
+	}
+	if tree.GetSHA() == "" {
+		return "", brokererr.New(brokererr.Unavailable, "GitHub returned a tree without a SHA")
+	}
+	var commit *gh.Commit
+	err = m.write(ctx, rs, func(ctx context.Context) (*gh.Response, error) {
+		var resp *gh.Response
+		var err error
+		commit, resp, err = rs.client.Git.CreateCommit(ctx, owner, name, gh.Commit{
+			Message: new(message), Tree: &gh.Tree{SHA: tree.SHA}, Parents: []*gh.Commit{{SHA: new(parent)}}}, nil)
+		return resp, err
+	})
+	if err != nil {
+		return "", m.apiError(rs, "create commit", err)
+	}
+	if commit.GetSHA() == "" {
+		return "", brokererr.New(brokererr.Unavailable, "GitHub returned a commit without a SHA")
+	}
+	return commit.GetSHA(), nil
+}
+
+// moveBranch points branch at sha: a fast-forward-only update of an
+// existing branch, or the creation of a new one. Its error is go-github's.
+func (m *Manager) moveBranch(ctx context.Context, rs *repoState, branch string, exists bool, sha string) error {
+	return m.write(ctx, rs, func(ctx context.Context) (*gh.Response, error) {
+		if exists {
+			_, resp, err := rs.client.Git.UpdateRef(ctx, rs.cfg.Owner, rs.cfg.Name, "heads/"+branch, gh.UpdateRef{SHA: sha, Force: new(false)})
+			return resp, err
+		}
+		_, resp, err := rs.client.Git.CreateRef(ctx, rs.cfg.Owner, rs.cfg.Name, gh.CreateRef{Ref: "refs/heads/" + branch, SHA: sha})
+		return resp, err
+	})
+}
+
 // firstLine is the first non-blank line of a validated message.
 func firstLine(msg string) string {
 	for _, l := range strings.Split(msg, "\n") {
@@ -413,7 +495,7 @@ func firstLine(msg string) string {
 // err nil) when the branch does not exist.
 func (m *Manager) branchHead(ctx context.Context, rs *repoState, branch string) (sha string, exists bool, err error) {
 	var ref *gh.Reference
-	err = m.read(ctx, func(ctx context.Context) (*gh.Response, error) {
+	err = m.read(ctx, rs, func(ctx context.Context) (*gh.Response, error) {
 		var resp *gh.Response
 		var err error
 		ref, resp, err = rs.client.Git.GetRef(ctx, rs.cfg.Owner, rs.cfg.Name, "heads/"+branch)
@@ -437,7 +519,7 @@ func (m *Manager) pullRequest(ctx context.Context, rs *repoState, branch, title 
 	owner, name := rs.cfg.Owner, rs.cfg.Name
 	find := func() (string, error) {
 		var prs []*gh.PullRequest
-		err := m.read(ctx, func(ctx context.Context) (*gh.Response, error) {
+		err := m.read(ctx, rs, func(ctx context.Context) (*gh.Response, error) {
 			var resp *gh.Response
 			var err error
 			prs, resp, err = rs.client.PullRequests.List(ctx, owner, name, &gh.PullRequestListOptions{
@@ -458,7 +540,7 @@ func (m *Manager) pullRequest(ctx context.Context, rs *repoState, branch, title 
 		return u, err
 	}
 	var pr *gh.PullRequest
-	err := m.write(ctx, func(ctx context.Context) (*gh.Response, error) {
+	err := m.write(ctx, rs, func(ctx context.Context) (*gh.Response, error) {
 		var resp *gh.Response
 		var err error
 		pr, resp, err = rs.client.PullRequests.Create(ctx, owner, name, gh.CreatePullRequest{
@@ -497,7 +579,7 @@ func (m *Manager) ReadFile(ctx context.Context, repoID, p, branch string) ([]byt
 	}
 	var fc *gh.RepositoryContent
 	var dir []*gh.RepositoryContent
-	err = m.read(ctx, func(ctx context.Context) (*gh.Response, error) {
+	err = m.read(ctx, rs, func(ctx context.Context) (*gh.Response, error) {
 		var resp *gh.Response
 		var err error
 		fc, dir, resp, err = rs.client.Repositories.GetContents(ctx, rs.cfg.Owner, rs.cfg.Name, p, &gh.RepositoryContentGetOptions{Ref: branch})
@@ -530,7 +612,7 @@ func (m *Manager) ReadFile(ctx context.Context, repoID, p, branch string) ([]byt
 
 // read runs an idempotent GitHub read with a timeout per attempt, retrying
 // transport failures and 5xx answers a bounded number of times.
-func (m *Manager) read(ctx context.Context, call func(context.Context) (*gh.Response, error)) error {
+func (m *Manager) read(ctx context.Context, rs *repoState, call func(context.Context) (*gh.Response, error)) error {
 	var err error
 	for attempt := 0; attempt < readAttempts; attempt++ {
 		if attempt > 0 {
@@ -542,7 +624,7 @@ func (m *Manager) read(ctx context.Context, call func(context.Context) (*gh.Resp
 			case <-t.C:
 			}
 		}
-		err = m.write(ctx, call)
+		err = m.write(ctx, rs, call)
 		if !retryable(ctx, err) {
 			return err
 		}
@@ -551,7 +633,11 @@ func (m *Manager) read(ctx context.Context, call func(context.Context) (*gh.Resp
 }
 
 // write runs one GitHub call with a timeout; writes are never retried.
-func (m *Manager) write(ctx context.Context, call func(context.Context) (*gh.Response, error)) error {
+// While the repo's token is rate limited no request is made at all.
+func (m *Manager) write(ctx context.Context, rs *repoState, call func(context.Context) (*gh.Response, error)) error {
+	if err := rs.limited(time.Now()); err != nil {
+		return err
+	}
 	cctx, cancel := context.WithTimeout(ctx, m.timeout)
 	defer cancel()
 	resp, err := call(cctx)
@@ -562,7 +648,7 @@ func (m *Manager) write(ctx context.Context, call func(context.Context) (*gh.Res
 }
 
 func retryable(ctx context.Context, err error) bool {
-	if err == nil || ctx.Err() != nil {
+	if err == nil || ctx.Err() != nil || brokererr.As(err) != nil {
 		return false
 	}
 	var rle *gh.RateLimitError
@@ -592,6 +678,9 @@ func (m *Manager) apiError(rs *repoState, op string, err error) error {
 	if errors.As(err, &er) && er.Response != nil {
 		status = er.Response.StatusCode
 	}
+	if be := brokererr.As(err); be != nil {
+		return be // already mapped (the rate-limit gate)
+	}
 	m.log.Warn().Str("repo_id", rs.cfg.RepoID).Str("op", op).Int("status", status).Msg("github_request_failed")
 	var rle *gh.RateLimitError
 	var abuse *gh.AbuseRateLimitError
@@ -601,15 +690,29 @@ func (m *Manager) apiError(rs *repoState, op string, err error) error {
 	case errors.As(err, &rle):
 		return rateLimited(err, rs, time.Until(rle.Rate.Reset.Time))
 	case errors.As(err, &abuse):
-		return rateLimited(err, rs, abuse.GetRetryAfter())
+		// GitHub's rule for a secondary limit: Retry-After if sent, else
+		// X-RateLimit-Reset if X-RateLimit-Remaining is 0, else at least a
+		// minute. go-github falls back to X-RateLimit-Reset regardless,
+		// which on GitHub (sending it on every answer) is the primary
+		// window's end, up to an hour away. Its own answers (the client
+		// refusing while blocked) carry no headers and the time left.
+		if abuse.Response == nil || len(abuse.Response.Header) == 0 {
+			return rateLimited(err, rs, abuse.GetRetryAfter())
+		}
+		d, _ := retryAfter(abuse.Response.Header, time.Now())
+		return rateLimited(err, rs, d)
 	}
 	if er != nil && er.Response != nil {
 		h := er.Response.Header
 		if status == http.StatusTooManyRequests || status == http.StatusForbidden {
-			if d, ok := retryAfter(h); ok {
+			// GitHub answers both limits with 403 or 429: the primary with
+			// X-RateLimit-Remaining: 0, a secondary with a message saying so
+			// and maybe Retry-After. A 403 that is neither is a permission
+			// problem, and must not be mistaken for one.
+			if d, ok := retryAfter(h, time.Now()); ok {
 				return rateLimited(err, rs, d)
 			}
-			if status == http.StatusTooManyRequests {
+			if status == http.StatusTooManyRequests || mentionsRateLimit(er.Message) {
 				return rateLimited(err, rs, 0)
 			}
 		}
@@ -633,36 +736,81 @@ func (m *Manager) apiError(rs *repoState, op string, err error) error {
 	return brokererr.Wrap(err, brokererr.Unavailable, "GitHub request failed (%s)", op)
 }
 
+// rateLimited maps a rate limit to RATE_LIMIT_EXCEEDED with retry_after_s
+// and closes the repo's gate until then, so no request is sent while
+// GitHub would refuse it (clients that keep trying risk being banned).
 func rateLimited(err error, rs *repoState, d time.Duration) error {
-	if d <= 0 {
-		d = defaultRetry
+	d = clampRetry(d)
+	rs.mu.Lock()
+	if until := time.Now().Add(d); until.After(rs.limitedUntil) {
+		rs.limitedUntil = until
 	}
-	if d < time.Second {
-		d = time.Second
-	}
-	if d > time.Hour {
-		d = time.Hour
-	}
+	rs.mu.Unlock()
 	return brokererr.Wrap(err, brokererr.RateLimitExceeded, "GitHub rate limit reached for %s", rs.cfg.RepoID).WithRetryAfter(d)
 }
 
-// retryAfter reads Retry-After (seconds), or X-RateLimit-Reset (epoch
-// seconds) when X-RateLimit-Remaining is 0.
-func retryAfter(h http.Header) (time.Duration, bool) {
-	if v := h.Get("Retry-After"); v != "" {
-		var s int64
-		if _, err := fmt.Sscanf(v, "%d", &s); err == nil && s >= 0 {
+func clampRetry(d time.Duration) time.Duration {
+	switch {
+	case d <= 0:
+		return defaultRetry
+	case d < time.Second:
+		return time.Second
+	case d > time.Hour:
+		return time.Hour
+	}
+	return d.Round(time.Second)
+}
+
+// limited is the gate: RATE_LIMIT_EXCEEDED, without a request, until the
+// last rate limit's retry time.
+func (rs *repoState) limited(now time.Time) error {
+	rs.mu.Lock()
+	until := rs.limitedUntil
+	rs.mu.Unlock()
+	if !now.Before(until) {
+		return nil
+	}
+	d := until.Sub(now)
+	if d < time.Second {
+		d = time.Second
+	}
+	return brokererr.New(brokererr.RateLimitExceeded, "GitHub rate limit reached for %s; no request sent", rs.cfg.RepoID).
+		WithRetryAfter(d.Round(time.Second))
+}
+
+// retryAfter reads Retry-After (delay seconds or an HTTP date), or
+// X-RateLimit-Reset (epoch seconds) when X-RateLimit-Remaining is 0. A
+// zero duration with ok means "limited, for an unknown time".
+func retryAfter(h http.Header, now time.Time) (time.Duration, bool) {
+	if v := strings.TrimSpace(h.Get("Retry-After")); v != "" {
+		if s, err := strconv.ParseInt(v, 10, 64); err == nil && s >= 0 {
+			if s == 0 {
+				return time.Second, true // "now": still not before the next second
+			}
+			if s > int64(time.Hour/time.Second) {
+				s = int64(time.Hour / time.Second)
+			}
 			return time.Duration(s) * time.Second, true
 		}
+		if t, err := http.ParseTime(v); err == nil {
+			return t.Sub(now), true
+		}
 	}
-	if h.Get("X-RateLimit-Remaining") == "0" {
-		var reset int64
-		if _, err := fmt.Sscanf(h.Get("X-RateLimit-Reset"), "%d", &reset); err == nil {
-			return time.Until(time.Unix(reset, 0)), true
+	if strings.TrimSpace(h.Get("X-RateLimit-Remaining")) == "0" {
+		if reset, err := strconv.ParseInt(strings.TrimSpace(h.Get("X-RateLimit-Reset")), 10, 64); err == nil && reset > 0 && reset < 1<<40 {
+			return time.Unix(reset, 0).Sub(now), true
 		}
 		return 0, true
 	}
 	return 0, false
+}
+
+// mentionsRateLimit recognises GitHub's rate-limit messages ("API rate
+// limit exceeded", "You have exceeded a secondary rate limit", the older
+// "abuse detection mechanism") when no header says so.
+func mentionsRateLimit(msg string) bool {
+	m := strings.ToLower(msg)
+	return strings.Contains(m, "rate limit") || strings.Contains(m, "abuse detection")
 }
 
 // clip makes GitHub's message one short line.

@@ -137,6 +137,7 @@ func TestCommitThreeFilesIsOneCommitAndOnePR(t *testing.T) {
 	reqs := e.fake.Requests()
 	base := "/repos/acme/widgets"
 	want := []string{
+		"GET " + base + " 200", // push access, checked again before the first write
 		"GET " + base + "/git/ref/heads/sandbox/feature 404",
 		"GET " + base + "/git/ref/heads/main 200",
 		"GET " + base + "/git/commits/" + mainHead + " 200",
@@ -365,15 +366,19 @@ func TestClassicAndUnknownTokensRefusedAtStart(t *testing.T) {
 
 func TestRateLimitsBecomeRetryAfter(t *testing.T) {
 	cases := []struct {
+		name     string
 		kind     ghfake.LimitKind
 		min, max time.Duration
 	}{
-		{ghfake.PrimaryLimit, ghfake.PrimaryReset - 5*time.Second, ghfake.PrimaryReset + time.Second},
-		{ghfake.SecondaryLimit, ghfake.RetryAfter, ghfake.RetryAfter},
-		{ghfake.TooManyRequests, ghfake.RetryAfter, ghfake.RetryAfter},
+		{"primary 403", ghfake.PrimaryLimit, ghfake.PrimaryReset - 5*time.Second, ghfake.PrimaryReset + time.Second},
+		{"primary 429", ghfake.PrimaryLimit429, ghfake.PrimaryReset - 5*time.Second, ghfake.PrimaryReset + time.Second},
+		{"secondary 403", ghfake.SecondaryLimit, ghfake.RetryAfter, ghfake.RetryAfter},
+		{"secondary 429", ghfake.TooManyRequests, ghfake.RetryAfter, ghfake.RetryAfter},
+		// No Retry-After: GitHub asks for at least a minute.
+		{"secondary without Retry-After", ghfake.SecondaryNoRetryAfter, time.Minute, time.Minute},
 	}
 	for _, c := range cases {
-		t.Run(fmt.Sprint(c.kind), func(t *testing.T) {
+		t.Run(c.name, func(t *testing.T) {
 			e := setup(t, true)
 			e.fake.LimitNext(1, c.kind)
 			_, err := e.m.Commit(context.Background(), github.CommitRequest{RepoID: repoID, Branch: branch,
@@ -390,7 +395,40 @@ func TestRateLimitsBecomeRetryAfter(t *testing.T) {
 			if _, ok := e.fake.Head(owner, name, branch); ok {
 				t.Error("branch was created")
 			}
+			// A rate limit is not a permission problem.
+			if s := e.m.Status()[repoID]; s != "rate limited" {
+				t.Errorf("status %q, want rate limited", s)
+			}
+			// Until the retry time, nothing more is sent to GitHub.
+			e.fake.ResetRequests()
+			_, _, _, err = e.m.ReadFile(context.Background(), repoID, "README.md", "")
+			again := wantCode(t, err, brokererr.RateLimitExceeded)
+			if again.RetryAfter <= 0 || again.RetryAfter > be.RetryAfter {
+				t.Errorf("gate retry_after %v, first %v", again.RetryAfter, be.RetryAfter)
+			}
+			if reqs := e.fake.Requests(); len(reqs) != 0 {
+				t.Errorf("requests while limited: %v", calls(reqs))
+			}
 		})
+	}
+	// Limited in the middle of a commit: after the blobs, at the tree.
+	e := setup(t, true)
+	var once sync.Once
+	e.fake.OnRequest(func(method, path string) {
+		if method == "POST" && strings.HasSuffix(path, "/git/trees") {
+			once.Do(func() { e.fake.LimitNext(1, ghfake.SecondaryLimit) })
+		}
+	})
+	_, err := e.m.Commit(context.Background(), github.CommitRequest{RepoID: repoID, Branch: branch,
+		Files: map[string][]byte{"a.txt": []byte("a")}, Message: "m"})
+	if be := wantCode(t, err, brokererr.RateLimitExceeded); be.RetryAfter != ghfake.RetryAfter {
+		t.Errorf("retry_after %v", be.RetryAfter)
+	}
+	if n := count(e.fake.Requests(), "POST", "/git/commits"); n != 0 {
+		t.Errorf("commit created after a limited tree")
+	}
+	if _, ok := e.fake.Head(owner, name, branch); ok {
+		t.Error("branch was created")
 	}
 }
 
@@ -430,18 +468,32 @@ func TestArchivedRepoRefused(t *testing.T) {
 	}
 }
 
-func TestAccessCachedAndRecheckedAfterAuthFailure(t *testing.T) {
+func TestAccessCheckedBeforeFirstWriteAndAfterAuthFailure(t *testing.T) {
 	e := setup(t, true)
 	commit := func() error {
 		_, err := e.m.Commit(context.Background(), github.CommitRequest{RepoID: repoID, Branch: branch,
 			Files: map[string][]byte{"a.txt": []byte(time.Now().String())}, Message: "m"})
 		return err
 	}
+	checks := func() int { return count(e.fake.Requests(), "GET", "/repos/acme/widgets") }
+	// Checked at start (setup) and again before the first write...
 	if err := commit(); err != nil {
 		t.Fatal(err)
 	}
-	if n := count(e.fake.Requests(), "GET", "/repos/acme/widgets"); n != 0 {
-		t.Errorf("access re-checked %d times though the start-up check passed", n)
+	if n := checks(); n != 1 {
+		t.Errorf("access checked %d times before the first write, want 1", n)
+	}
+	reqs := e.fake.Requests()
+	if len(reqs) == 0 || reqs[0].Method != "GET" || reqs[0].Path != "/repos/acme/widgets" {
+		t.Errorf("the check is not the first request: %v", calls(reqs))
+	}
+	// ...but not before every write.
+	e.fake.ResetRequests()
+	if err := commit(); err != nil {
+		t.Fatal(err)
+	}
+	if n := checks(); n != 0 {
+		t.Errorf("access re-checked %d times on the second write", n)
 	}
 	e.fake.Revoke(token)
 	wantCode(t, commit(), brokererr.GitHubAuthFailed)
@@ -453,12 +505,57 @@ func TestAccessCachedAndRecheckedAfterAuthFailure(t *testing.T) {
 	if err := commit(); err != nil {
 		t.Fatal(err)
 	}
-	if n := count(e.fake.Requests(), "GET", "/repos/acme/widgets"); n != 1 {
+	if n := checks(); n != 1 {
 		t.Errorf("access checked %d times after a 401, want 1", n)
 	}
 }
 
-func TestBranchMovedMidCommitIsConflict(t *testing.T) {
+// A fine-grained token can lack contents:write while its owner's role can
+// push: GET /repos then says push:true and only the write tells. The
+// first refused write stops the commit, names the missing permission and
+// marks the repo not ready.
+func TestTokenWithoutContentsWrite(t *testing.T) {
+	f := ghfake.New()
+	t.Cleanup(f.Close)
+	f.AddRepo(owner, name)
+	f.GrantRole(token, owner, name, false, true)
+	repos, _ := github.ParseRepos([]byte(allowList))
+	if err := github.ResolveTokens(repos, lookup(map[string]string{env: token})); err != nil {
+		t.Fatal(err)
+	}
+	m, err := github.New(context.Background(), github.Options{APIURL: f.URL(), Repos: repos})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s := m.Status()[repoID]; s != "ok" {
+		t.Fatalf("status %q: the role can push, so the start-up check passes", s)
+	}
+	f.ResetRequests()
+	_, err = m.Commit(context.Background(), github.CommitRequest{RepoID: repoID, Branch: branch,
+		Files: map[string][]byte{"a.txt": []byte("a"), "b.txt": []byte("b")}, Message: "m"})
+	be := wantCode(t, err, brokererr.PermissionDenied)
+	if !strings.Contains(be.Message, "contents=write") {
+		t.Errorf("message %q does not name the permission", be.Message)
+	}
+	reqs := f.Requests()
+	if n := count(reqs, "POST", "/git/blobs"); n != 1 {
+		t.Errorf("%d blob posts, want 1 (stop at the first refusal)", n)
+	}
+	if count(reqs, "POST", "/git/trees")+count(reqs, "POST", "/git/commits")+count(reqs, "POST", "/git/refs") != 0 {
+		t.Errorf("requests after the refusal: %v", calls(reqs))
+	}
+	if s := m.Status()[repoID]; s != "token lacks permission" {
+		t.Errorf("status %q", s)
+	}
+	if _, ok := f.Head(owner, name, branch); ok {
+		t.Error("branch created")
+	}
+}
+
+// Someone else pushes to the branch between our read of its head and our
+// ref update: the non-force update fails, and the commit is rebuilt on
+// their commit, keeping it.
+func TestBranchMovedMidCommitIsRebuiltOnTheNewHead(t *testing.T) {
 	e := setup(t, true)
 	e.fake.PushCommit(owner, name, branch, map[string]string{"x": "1"}, "first")
 	var other string
@@ -468,11 +565,90 @@ func TestBranchMovedMidCommitIsConflict(t *testing.T) {
 			once.Do(func() { other = e.fake.PushCommit(owner, name, branch, map[string]string{"x": "2"}, "someone else") })
 		}
 	})
+	e.fake.ResetRequests()
+	res, err := e.m.Commit(context.Background(), github.CommitRequest{RepoID: repoID, Branch: branch,
+		Files: map[string][]byte{"a.txt": []byte("a")}, Message: "m"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reqs := e.fake.Requests()
+	if n := count(reqs, "PATCH", "/git/refs/heads/sandbox/feature"); n != 2 {
+		t.Errorf("%d ref updates, want 2: %v", n, calls(reqs))
+	}
+	if n := count(reqs, "POST", "/git/blobs"); n != 1 {
+		t.Errorf("blobs posted %d times; the retry must reuse them", n)
+	}
+	for _, r := range reqs {
+		if r.Method == "PATCH" && strings.Contains(string(r.Body), `"force":true`) {
+			t.Fatalf("forced update: %s", r.Body)
+		}
+	}
+	c, _ := e.fake.CommitByRef(owner, name, branch)
+	if c.SHA != res.CommitSHA || len(c.Parents) != 1 || c.Parents[0] != other {
+		t.Fatalf("head %+v, want our commit on top of %s", c, other)
+	}
+	files, _ := e.fake.Files(owner, name, branch)
+	if string(files["x"]) != "2" || string(files["a.txt"]) != "a" {
+		t.Errorf("files %v: the other push or ours was lost", files)
+	}
+}
+
+// The branch did not exist when read, and was created by someone else
+// before ours: "Reference already exists" is a race like any other.
+func TestBranchCreatedMidCommitIsRebuiltOnIt(t *testing.T) {
+	e := setup(t, true)
+	var other string
+	var once sync.Once
+	e.fake.OnRequest(func(method, path string) {
+		if method == "POST" && strings.HasSuffix(path, "/git/refs") {
+			once.Do(func() {
+				other = e.fake.PushCommit(owner, name, branch, map[string]string{"y": "theirs"}, "someone else")
+			})
+		}
+	})
+	res, err := e.m.Commit(context.Background(), github.CommitRequest{RepoID: repoID, Branch: branch,
+		Files: map[string][]byte{"a.txt": []byte("a")}, Message: "m"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, _ := e.fake.CommitByRef(owner, name, branch)
+	if c.SHA != res.CommitSHA || len(c.Parents) != 1 || c.Parents[0] != other {
+		t.Fatalf("head %+v, want our commit on top of %s", c, other)
+	}
+	reqs := e.fake.Requests()
+	if count(reqs, "POST", "/git/refs") != 1 || count(reqs, "PATCH", "/git/refs/heads/sandbox/feature") != 1 {
+		t.Errorf("ref calls %v", calls(reqs))
+	}
+}
+
+// A branch that moves on every attempt ends in CONFLICT after a bounded
+// number of attempts, with every other push kept.
+func TestBranchThatKeepsMovingIsConflict(t *testing.T) {
+	e := setup(t, true)
+	e.fake.PushCommit(owner, name, branch, map[string]string{"x": "0"}, "first")
+	var mu sync.Mutex
+	var others []string
+	e.fake.OnRequest(func(method, path string) {
+		if method == "PATCH" {
+			mu.Lock()
+			defer mu.Unlock()
+			others = append(others, e.fake.PushCommit(owner, name, branch, map[string]string{"x": fmt.Sprint(len(others) + 1)}, "someone else"))
+		}
+	})
+	e.fake.ResetRequests()
 	_, err := e.m.Commit(context.Background(), github.CommitRequest{RepoID: repoID, Branch: branch,
 		Files: map[string][]byte{"a.txt": []byte("a")}, Message: "m"})
 	wantCode(t, err, brokererr.Conflict)
-	if h, _ := e.fake.Head(owner, name, branch); h != other {
-		t.Errorf("branch head %s, want the other push %s", h, other)
+	mu.Lock()
+	defer mu.Unlock()
+	if len(others) != 3 {
+		t.Errorf("%d attempts, want 3", len(others))
+	}
+	if h, _ := e.fake.Head(owner, name, branch); h != others[len(others)-1] {
+		t.Errorf("branch head %s, want the last other push", h)
+	}
+	if n := e.fake.CommitCount(owner, name, branch); n != 2+len(others) {
+		t.Errorf("%d commits on the branch, want %d: a push was lost", n, 2+len(others))
 	}
 }
 
@@ -583,15 +759,17 @@ func TestTokenNeverInErrorsOrLogs(t *testing.T) {
 		errs = append(errs, err)
 	}
 	commit()
-	e.fake.LimitNext(1, ghfake.TooManyRequests)
-	commit()
 	e.fake.Revoke(token)
 	commit()
 	errs = append(errs, e.m.CheckAccess(ctx, repoID))
 	e.fake.Grant(token, owner, name, false)
 	commit()
-	_, _, _, err := e.m.ReadFile(ctx, repoID, "README.md", "")
+	_, _, _, err := e.m.ReadFile(ctx, repoID, "missing.txt", "")
 	errs = append(errs, err)
+	// Last: go-github then refuses this client's calls until Retry-After.
+	e.fake.Grant(token, owner, name, true)
+	e.fake.LimitNext(1, ghfake.TooManyRequests)
+	commit()
 	failures := 0
 	for _, err := range errs {
 		if err == nil {
@@ -611,7 +789,7 @@ func TestTokenNeverInErrorsOrLogs(t *testing.T) {
 			t.Fatalf("token in error chain: %s", s)
 		}
 	}
-	if failures < 4 {
+	if failures < 5 {
 		t.Fatalf("only %d failures; the test did not exercise the error paths", failures)
 	}
 	logs := e.logs.String()

@@ -20,6 +20,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/rs/zerolog"
@@ -166,6 +167,11 @@ func New(ctx context.Context, o Options) (*Backend, error) {
 		// Sandboxes (another uid) must traverse to their bind sources.
 		if err := os.Chmod(d, 0o711); err != nil {
 			return nil, fmt.Errorf("process: %w", err)
+		}
+	}
+	if os.Geteuid() == 0 {
+		if err := traversable(o.Root, b.uid, b.gid); err != nil {
+			return nil, err
 		}
 	}
 	if b.agent, err = installAgent(o.AgentBinary, filepath.Join(o.Root, "bin", "sandbox-agent")); err != nil {
@@ -337,6 +343,35 @@ func (b *Backend) Ping(ctx context.Context) error {
 		return brokererr.Wrap(err, brokererr.Unavailable, "bubblewrap is not available")
 	}
 	return nil
+}
+
+// traversable checks that uid:gid can search every directory above root
+// (the sandbox's bind sources live below it). The error names no path: it
+// reaches logs, which never carry host paths.
+func traversable(root string, uid, gid int) error {
+	for d := filepath.Dir(root); ; d = filepath.Dir(d) {
+		fi, err := os.Stat(d)
+		if err != nil {
+			return fmt.Errorf("process: %w", err)
+		}
+		st, ok := fi.Sys().(*syscall.Stat_t)
+		perm := fi.Mode().Perm()
+		var bit os.FileMode = 0o001
+		switch {
+		case !ok:
+		case int(st.Uid) == uid:
+			bit = 0o100
+		case int(st.Gid) == gid:
+			bit = 0o010
+		}
+		if perm&bit == 0 {
+			return brokererr.New(brokererr.Unavailable,
+				"SANDBOX_ROOT is below a directory that uid %d cannot traverse; use a SANDBOX_ROOT such as /var/lib/sandbox-broker, or give its parents o+x", uid)
+		}
+		if d == "/" {
+			return nil
+		}
+	}
 }
 
 // probe starts a throw-away sandbox with every mount a session uses and

@@ -8,10 +8,8 @@ import (
 	"sync/atomic"
 	"time"
 
-
 	"github.com/sandbox-broker/sandbox-broker/services/statedb"
 )
-
 
 // pruneEvery: one write transaction in this many also deletes old buckets,
 // keeping the table bounded without paying for a DELETE on every call.

@@ -14,6 +14,9 @@ type JobSpec struct {
 	ID string
 	// Command runs with `bash -c` as the sandbox user.
 	Command string
+	// Language picks the runner image on backends that have several
+	// ("" takes the backend's default, which has bash and python).
+	Language string
 	// WorkDir is workspace-relative ("" is the workspace root).
 	WorkDir string
 	// Env is added to the sandbox's base environment.

@@ -1,8 +1,10 @@
 // Package ghfake is an in-memory stand-in for the GitHub REST API, exactly
 // as much of it as services/github uses: repositories, Git refs, blobs,
 // trees, commits, pull requests and contents. It is strict the way GitHub
-// is (tokens, permissions, request shapes, fast-forward-only ref updates)
-// and records every request, so tests can assert what reached "GitHub".
+// is (tokens, permissions, request shapes, fast-forward-only ref updates),
+// sends the X-RateLimit-* headers GitHub sends, can answer with each shape
+// of GitHub's rate limits, and records every request, so tests can assert
+// what reached "GitHub".
 package ghfake
 
 import (
@@ -11,10 +13,12 @@ import (
 	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"reflect"
 	"sort"
 	"strconv"
 	"strings"
@@ -25,15 +29,26 @@ import (
 // LimitKind is a rate-limit answer the fake can give.
 type LimitKind int
 
+// GitHub answers an exceeded limit with 403 or 429: for the primary limit
+// with X-RateLimit-Remaining: 0 and X-RateLimit-Reset; for a secondary limit
+// with a message (and documentation_url) naming it, and Retry-After when
+// GitHub chooses to send one. Every kind below is one of those shapes.
 const (
 	// PrimaryLimit answers 403 with X-RateLimit-Remaining: 0 and a reset
 	// PrimaryReset from now.
 	PrimaryLimit LimitKind = iota
 	// SecondaryLimit answers 403 with Retry-After and the secondary-limit
-	// documentation URL.
+	// message and documentation URL.
 	SecondaryLimit
-	// TooManyRequests answers 429 with Retry-After only.
+	// TooManyRequests answers 429 with Retry-After and the secondary-limit
+	// message and documentation URL.
 	TooManyRequests
+	// PrimaryLimit429 is PrimaryLimit answered with 429.
+	PrimaryLimit429
+	// SecondaryNoRetryAfter answers 403 with the secondary-limit message
+	// and neither Retry-After nor X-RateLimit-Remaining: 0; GitHub then
+	// asks clients to wait at least a minute.
+	SecondaryNoRetryAfter
 )
 
 // Rate-limit timings the fake announces.
@@ -44,6 +59,16 @@ const (
 
 // maxContentSize is where the contents API stops inlining files.
 const maxContentSize = 1 << 20
+
+// rateLimit is the primary limit the fake announces on every answer, as
+// GitHub does for a fine-grained token.
+const rateLimit = 5000
+
+const (
+	docSecondary = "https://docs.github.com/rest/overview/rate-limits-for-the-rest-api#about-secondary-rate-limits"
+	docPrimary   = "https://docs.github.com/rest/overview/rate-limits-for-the-rest-api#about-the-primary-rate-limit"
+	msgSecondary = "You have exceeded a secondary rate limit. Please wait a few minutes before you try again."
+)
 
 // Request is one recorded request. The Authorization header is not kept.
 type Request struct {
@@ -86,22 +111,29 @@ type Fake struct {
 	hook     func(method, path string)
 	seq      int
 	nextID   int64
+	used     int       // requests counted against the primary limit
+	reset    time.Time // when the primary window resets
 }
 
 type repo struct {
 	owner, name string
 	id          int64
 	archived    bool
-	blobs       map[string][]byte
-	trees       map[string]map[string]string // tree SHA → path → blob SHA
-	commits     map[string]*Commit
-	refs        map[string]string // "refs/heads/x" → commit SHA
-	pulls       []*PullRequest
+	// rolePush, per token, is the push bit GET /repos reports: the token
+	// owner's role. It can differ from what the token may do (the grant),
+	// as with a fine-grained token made without contents:write.
+	rolePush map[string]bool
+	blobs    map[string][]byte
+	trees    map[string]map[string]string // tree SHA → path → blob SHA
+	commits  map[string]*Commit
+	refs     map[string]string // "refs/heads/x" → commit SHA
+	pulls    []*PullRequest
 }
 
 // New starts a fake on a loopback port.
 func New() *Fake {
-	f := &Fake{repos: map[string]*repo{}, tokens: map[string]map[string]bool{}, nextID: 1000}
+	f := &Fake{repos: map[string]*repo{}, tokens: map[string]map[string]bool{}, nextID: 1000,
+		reset: time.Now().Add(time.Hour)}
 	f.srv = httptest.NewServer(http.HandlerFunc(f.serve))
 	return f
 }
@@ -118,7 +150,7 @@ func (f *Fake) AddRepo(owner, name string) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.nextID++
-	r := &repo{owner: owner, name: name, id: f.nextID, blobs: map[string][]byte{},
+	r := &repo{owner: owner, name: name, id: f.nextID, rolePush: map[string]bool{}, blobs: map[string][]byte{},
 		trees: map[string]map[string]string{}, commits: map[string]*Commit{}, refs: map[string]string{}}
 	f.repos[key(owner, name)] = r
 	readme := r.putBlob([]byte("# " + name + "\n"))
@@ -137,16 +169,25 @@ func (f *Fake) Archive(owner, name string) {
 // Grant lets token reach the repository, with or without push access.
 // Only fine-grained token shapes are accepted, as the broker sends no other.
 func (f *Fake) Grant(token, owner, name string, push bool) {
+	f.GrantRole(token, owner, name, push, push)
+}
+
+// GrantRole is Grant with the two push bits apart: tokenWrite is what the
+// token may do (writes without it get 403 "Resource not accessible by
+// personal access token"), rolePush what GET /repos reports as
+// permissions.push (the user's role on the repository).
+func (f *Fake) GrantRole(token, owner, name string, tokenWrite, rolePush bool) {
 	if !strings.HasPrefix(token, "github_pat_") {
 		panic("ghfake: only fine-grained tokens (github_pat_…) can be granted")
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.mustRepo(owner, name)
+	r := f.mustRepo(owner, name)
 	if f.tokens[token] == nil {
 		f.tokens[token] = map[string]bool{}
 	}
-	f.tokens[token][key(owner, name)] = push
+	f.tokens[token][key(owner, name)] = tokenWrite
+	r.rolePush[token] = rolePush
 }
 
 // Revoke forgets a token: it is then answered 401 Bad credentials.
@@ -422,12 +463,39 @@ func (f *Fake) serve(w http.ResponseWriter, req *http.Request) {
 	_ = json.NewEncoder(w).Encode(v)
 }
 
+// rateHeaders are the primary-limit headers GitHub sends on every
+// authenticated answer; each request counts against the limit.
+func (f *Fake) rateHeaders(hdr map[string]string) map[string]string {
+	now := time.Now()
+	if !now.Before(f.reset) {
+		f.used, f.reset = 0, now.Add(time.Hour)
+	}
+	if f.used < rateLimit {
+		f.used++
+	}
+	if hdr == nil {
+		hdr = map[string]string{}
+	}
+	set := func(k, v string) {
+		if _, ok := hdr[k]; !ok {
+			hdr[k] = v
+		}
+	}
+	set("X-RateLimit-Limit", strconv.Itoa(rateLimit))
+	set("X-RateLimit-Remaining", strconv.Itoa(rateLimit-f.used))
+	set("X-RateLimit-Used", strconv.Itoa(f.used))
+	set("X-RateLimit-Reset", strconv.FormatInt(f.reset.Unix(), 10))
+	set("X-RateLimit-Resource", "core")
+	return hdr
+}
+
 // handle answers one request under f.mu.
 func (f *Fake) handle(req *http.Request, body []byte) (int, any, map[string]string) {
 	if len(f.limits) > 0 {
 		kind := f.limits[0]
 		f.limits = f.limits[1:]
-		return rateLimit(kind)
+		st, v, hdr := limitAnswer(kind)
+		return st, v, f.rateHeaders(hdr)
 	}
 	if len(f.failures) > 0 {
 		st := f.failures[0]
@@ -444,28 +512,38 @@ func (f *Fake) handle(req *http.Request, body []byte) (int, any, map[string]stri
 		if len(err.errors) > 0 {
 			out["errors"] = err.errors
 		}
-		return err.status, out, err.header
+		status, v, hdr = err.status, out, err.header
+	}
+	if status != http.StatusUnauthorized {
+		hdr = f.rateHeaders(hdr)
 	}
 	return status, v, hdr
 }
 
-func rateLimit(kind LimitKind) (int, any, map[string]string) {
+func limitAnswer(kind LimitKind) (int, any, map[string]string) {
+	retry := strconv.Itoa(int(RetryAfter / time.Second))
+	primary := func(status int) (int, any, map[string]string) {
+		reset := time.Now().Add(PrimaryReset).Unix()
+		return status, map[string]string{
+				"message":           "API rate limit exceeded for user ID 1. If you reach out to GitHub Support for help, please include the request ID.",
+				"documentation_url": docPrimary, "status": strconv.Itoa(status),
+			}, map[string]string{"X-RateLimit-Limit": strconv.Itoa(rateLimit), "X-RateLimit-Remaining": "0",
+				"X-RateLimit-Used": strconv.Itoa(rateLimit), "X-RateLimit-Reset": strconv.FormatInt(reset, 10), "X-RateLimit-Resource": "core"}
+	}
+	secondary := func(status int, hdr map[string]string) (int, any, map[string]string) {
+		return status, map[string]string{"message": msgSecondary, "documentation_url": docSecondary, "status": strconv.Itoa(status)}, hdr
+	}
 	switch kind {
 	case PrimaryLimit:
-		reset := time.Now().Add(PrimaryReset).Unix()
-		return http.StatusForbidden, map[string]string{
-				"message":           "API rate limit exceeded for user ID 1.",
-				"documentation_url": "https://docs.github.com/rest/overview/rate-limits-for-the-rest-api#about-the-primary-rate-limit",
-			}, map[string]string{"X-RateLimit-Limit": "5000", "X-RateLimit-Remaining": "0", "X-RateLimit-Used": "5000",
-				"X-RateLimit-Reset": strconv.FormatInt(reset, 10), "X-RateLimit-Resource": "core"}
+		return primary(http.StatusForbidden)
+	case PrimaryLimit429:
+		return primary(http.StatusTooManyRequests)
 	case SecondaryLimit:
-		return http.StatusForbidden, map[string]string{
-			"message":           "You have exceeded a secondary rate limit. Please wait a few minutes before you try again.",
-			"documentation_url": "https://docs.github.com/rest/overview/rate-limits-for-the-rest-api#about-secondary-rate-limits",
-		}, map[string]string{"Retry-After": strconv.Itoa(int(RetryAfter / time.Second))}
+		return secondary(http.StatusForbidden, map[string]string{"Retry-After": retry})
+	case SecondaryNoRetryAfter:
+		return secondary(http.StatusForbidden, nil)
 	default:
-		return http.StatusTooManyRequests, map[string]string{"message": "Too Many Requests"},
-			map[string]string{"Retry-After": strconv.Itoa(int(RetryAfter / time.Second))}
+		return secondary(http.StatusTooManyRequests, map[string]string{"Retry-After": retry})
 	}
 }
 
@@ -506,7 +584,7 @@ func (f *Fake) route(req *http.Request, body []byte) (any, map[string]string, in
 	m := req.Method
 	switch {
 	case len(rest) == 0 && m == http.MethodGet:
-		return f.getRepo(r, push), nil, http.StatusOK, nil
+		return f.getRepo(r, r.rolePush[tokenOf(req.Header.Get("Authorization"))]), nil, http.StatusOK, nil
 	case len(rest) >= 3 && rest[0] == "git" && rest[1] == "ref" && m == http.MethodGet:
 		return f.getRef(r, strings.Join(rest[2:], "/"))
 	case len(rest) == 2 && rest[0] == "git" && rest[1] == "refs" && m == http.MethodPost:
@@ -535,16 +613,22 @@ func (f *Fake) route(req *http.Request, body []byte) (any, map[string]string, in
 	return nil, nil, 0, notFound()
 }
 
+// tokenOf is the token in an Authorization header ("" if none).
+func tokenOf(h string) string {
+	for _, scheme := range []string{"Bearer ", "token "} {
+		if strings.HasPrefix(h, scheme) {
+			return strings.TrimPrefix(h, scheme)
+		}
+	}
+	return ""
+}
+
 func (f *Fake) auth(h string) (map[string]bool, *apiError) {
-	var tok string
-	switch {
-	case strings.HasPrefix(h, "Bearer "):
-		tok = strings.TrimPrefix(h, "Bearer ")
-	case strings.HasPrefix(h, "token "):
-		tok = strings.TrimPrefix(h, "token ")
-	case h == "":
+	if h == "" {
 		return nil, fail(http.StatusUnauthorized, "Requires authentication")
-	default:
+	}
+	tok := tokenOf(h)
+	if tok == "" {
 		return nil, fail(http.StatusUnauthorized, "Bad credentials")
 	}
 	grants, ok := f.tokens[tok]
@@ -554,8 +638,9 @@ func (f *Fake) auth(h string) (map[string]bool, *apiError) {
 	return grants, nil
 }
 
-// decode reads a JSON body strictly: syntax errors are 400 "Problems
-// parsing JSON", anything of the wrong shape 422 "Invalid request".
+// decode reads a JSON body strictly, as GitHub's schema validation does:
+// syntax errors are 400 "Problems parsing JSON"; unknown keys and values of
+// the wrong type are 422 "Invalid request".
 func decode(body []byte, v any) *apiError {
 	if !json.Valid(body) {
 		return fail(http.StatusBadRequest, "Problems parsing JSON")
@@ -563,9 +648,33 @@ func decode(body []byte, v any) *apiError {
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
-		return fail(http.StatusUnprocessableEntity, "Invalid request.\n\n%s", err.Error())
+		var te *json.UnmarshalTypeError
+		msg := err.Error()
+		switch {
+		case errors.As(err, &te):
+			msg = fmt.Sprintf("For '%s', %s is not %s.", te.Field, te.Value, jsonKind(te.Type.Kind()))
+		case strings.HasPrefix(msg, "json: unknown field "):
+			msg = strings.TrimPrefix(msg, "json: unknown field ") + " is not a permitted key."
+		}
+		return fail(http.StatusUnprocessableEntity, "Invalid request.\n\n%s", msg)
 	}
 	return nil
+}
+
+func jsonKind(k reflect.Kind) string {
+	switch k {
+	case reflect.String:
+		return "a string"
+	case reflect.Bool:
+		return "a boolean"
+	case reflect.Slice, reflect.Array:
+		return "an array"
+	case reflect.Struct, reflect.Map:
+		return "an object"
+	case reflect.Pointer:
+		return "a valid value"
+	}
+	return "a number"
 }
 
 func (f *Fake) base(r *repo) string {
@@ -889,6 +998,9 @@ func (f *Fake) createPull(r *repo, body []byte) (any, map[string]string, int, *a
 	return f.pullJSON(r, p), nil, http.StatusCreated, nil
 }
 
+// listPulls is stricter than GitHub in one way, on purpose: GitHub ignores
+// query parameters it does not know, which would hide a misspelt filter
+// (and list every pull request); the fake refuses them.
 func (f *Fake) listPulls(r *repo, req *http.Request) (any, map[string]string, int, *apiError) {
 	q := req.URL.Query()
 	for k := range q {

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -65,8 +66,14 @@ func TestFakeIsStrict(t *testing.T) {
 		{"get ref", "GET", "/repos/acme/widgets/git/ref/heads/main", bearer, "", 200, ""},
 		{"get ref plural path is not the API", "GET", "/repos/acme/widgets/git/refs/heads/main", bearer, "", 404, "Not Found"},
 		{"bad JSON", "POST", "/repos/acme/widgets/git/blobs", bearer, `{"content":`, 400, "Problems parsing JSON"},
-		{"unknown field", "POST", "/repos/acme/widgets/git/blobs", bearer, `{"content":"x","evil":1}`, 422, "Invalid request"},
-		{"wrong type", "POST", "/repos/acme/widgets/git/blobs", bearer, `{"content":1}`, 422, "Invalid request"},
+		{"unknown field", "POST", "/repos/acme/widgets/git/blobs", bearer, `{"content":"x","evil":1}`, 422, `"evil" is not a permitted key`},
+		{"unknown tree entry field", "POST", "/repos/acme/widgets/git/trees", bearer, `{"tree":[{"path":"a","mode":"100644","type":"blob","content":"x","evil":1}]}`, 422, `"evil" is not a permitted key`},
+		{"wrong type", "POST", "/repos/acme/widgets/git/blobs", bearer, `{"content":1}`, 422, "is not a string"},
+		{"force as string", "PATCH", "/repos/acme/widgets/git/refs/heads/main", bearer, `{"sha":"` + head + `","force":"false"}`, 422, "is not a boolean"},
+		{"update bad sha", "PATCH", "/repos/acme/widgets/git/refs/heads/main", bearer, `{"sha":"nothex"}`, 422, "Object does not exist"},
+		{"commit unknown parent", "POST", "/repos/acme/widgets/git/commits", bearer, `{"message":"m","tree":"` + strings.Repeat("2", 40) + `","parents":["` + strings.Repeat("4", 40) + `"]}`, 422, "does not exist"},
+		{"tree without tree", "POST", "/repos/acme/widgets/git/trees", bearer, `{"base_tree":"x"}`, 422, "Validation Failed"},
+		{"get unknown commit", "GET", "/repos/acme/widgets/git/commits/" + strings.Repeat("5", 40), bearer, "", 404, "Not Found"},
 		{"bad encoding", "POST", "/repos/acme/widgets/git/blobs", bearer, `{"content":"x","encoding":"rot13"}`, 422, "Validation Failed"},
 		{"read-only token write", "POST", "/repos/acme/widgets/git/blobs", "Bearer " + ro, `{"content":"x"}`, 403, "Resource not accessible by personal access token"},
 		{"unknown base tree", "POST", "/repos/acme/widgets/git/trees", bearer, `{"base_tree":"` + strings.Repeat("0", 40) + `","tree":[]}`, 422, "base_tree"},
@@ -138,23 +145,69 @@ func TestFakeRateLimitHooks(t *testing.T) {
 	defer f.Close()
 	f.AddRepo("acme", "widgets")
 	f.Grant(pat, "acme", "widgets", true)
-	f.LimitNext(1, ghfake.PrimaryLimit)
-	f.LimitNext(1, ghfake.SecondaryLimit)
-	f.LimitNext(1, ghfake.TooManyRequests)
+	auth := "Bearer " + pat
+	cases := []struct {
+		kind           ghfake.LimitKind
+		status         int
+		remaining0     bool
+		retryAfter     string
+		secondaryInDoc bool
+	}{
+		{ghfake.PrimaryLimit, 403, true, "", false},
+		{ghfake.PrimaryLimit429, 429, true, "", false},
+		{ghfake.SecondaryLimit, 403, false, "30", true},
+		{ghfake.TooManyRequests, 429, false, "30", true},
+		{ghfake.SecondaryNoRetryAfter, 403, false, "", true},
+	}
+	for _, c := range cases {
+		f.LimitNext(1, c.kind)
+	}
+	for _, c := range cases {
+		a := do(t, f, "GET", "/repos/acme/widgets", auth, "")
+		doc, _ := a.body["documentation_url"].(string)
+		msg, _ := a.body["message"].(string)
+		reset, err := strconv.ParseInt(a.header.Get("X-RateLimit-Reset"), 10, 64)
+		switch {
+		case a.status != c.status, (a.header.Get("X-RateLimit-Remaining") == "0") != c.remaining0,
+			a.header.Get("Retry-After") != c.retryAfter, strings.HasSuffix(doc, "secondary-rate-limits") != c.secondaryInDoc,
+			!strings.Contains(strings.ToLower(msg), "rate limit"), err != nil || reset <= time.Now().Unix(),
+			a.header.Get("X-RateLimit-Limit") == "":
+			t.Errorf("kind %d: %d %v %v", c.kind, a.status, a.header, a.body)
+		}
+	}
+	a := do(t, f, "GET", "/repos/acme/widgets", auth, "")
+	if a.status != 200 {
+		t.Errorf("after the limits: %d", a.status)
+	}
+	// Ordinary answers carry the primary-limit headers too, counting down.
+	rem1, _ := strconv.Atoi(a.header.Get("X-RateLimit-Remaining"))
+	a = do(t, f, "GET", "/repos/acme/widgets/git/ref/heads/main", auth, "")
+	rem2, _ := strconv.Atoi(a.header.Get("X-RateLimit-Remaining"))
+	if a.header.Get("X-RateLimit-Limit") != "5000" || a.header.Get("X-RateLimit-Resource") != "core" || rem2 != rem1-1 || rem1 <= 0 {
+		t.Errorf("rate headers %v (remaining %d then %d)", a.header, rem1, rem2)
+	}
+}
+
+// GrantRole separates what GET /repos reports (the user's role) from what
+// the token may do, as with a fine-grained token made without
+// contents:write.
+func TestFakeGrantRole(t *testing.T) {
+	f := ghfake.New()
+	defer f.Close()
+	f.AddRepo("acme", "widgets")
+	f.GrantRole(pat, "acme", "widgets", false, true)
 	auth := "Bearer " + pat
 	a := do(t, f, "GET", "/repos/acme/widgets", auth, "")
-	if a.status != 403 || a.header.Get("X-RateLimit-Remaining") != "0" || a.header.Get("X-RateLimit-Reset") == "" {
-		t.Errorf("primary: %d %v", a.status, a.header)
+	perms, _ := a.body["permissions"].(map[string]any)
+	if a.status != 200 || perms["push"] != true {
+		t.Fatalf("repo: %d %v", a.status, a.body)
 	}
-	a = do(t, f, "GET", "/repos/acme/widgets", auth, "")
-	if doc, _ := a.body["documentation_url"].(string); a.status != 403 || a.header.Get("Retry-After") != "30" || !strings.HasSuffix(doc, "secondary-rate-limits") {
-		t.Errorf("secondary: %d %v %v", a.status, a.header, a.body)
+	a = do(t, f, "POST", "/repos/acme/widgets/git/blobs", auth, `{"content":"x"}`)
+	if a.status != 403 || a.header.Get("X-Accepted-GitHub-Permissions") != "contents=write" {
+		t.Fatalf("write: %d %v %v", a.status, a.header, a.body)
 	}
-	a = do(t, f, "GET", "/repos/acme/widgets", auth, "")
-	if a.status != 429 || a.header.Get("Retry-After") != "30" {
-		t.Errorf("429: %d %v", a.status, a.header)
-	}
-	if a := do(t, f, "GET", "/repos/acme/widgets", auth, ""); a.status != 200 {
-		t.Errorf("after the limits: %d", a.status)
+	a = do(t, f, "POST", "/repos/acme/widgets/pulls", auth, `{"title":"t","head":"main","base":"main"}`)
+	if a.status != 403 || a.header.Get("X-Accepted-GitHub-Permissions") != "pull_requests=write" {
+		t.Fatalf("pull: %d %v %v", a.status, a.header, a.body)
 	}
 }

@@ -1,0 +1,7 @@
+export default function Home() {
+  return (
+    <main>
+      <h1>Hello from Next.js</h1>
+    </main>
+  )
+}
