@@ -92,7 +92,7 @@ func Defaults() Config {
 		Root:            "./data",
 		LogLevel:        "info",
 		Toolsets:        []string{"all"},
-		MaxRequestBytes: 16 << 20,
+		MaxRequestBytes: 32 << 20, // create_sandbox_for_project takes 20 files of 1 MB
 		Backend:         "auto",
 		TimeoutS:        60,
 		MaxTimeoutS:     600,

@@ -21,7 +21,7 @@ func TestDefaults(t *testing.T) {
 		t.Errorf("Load with no input = %+v, want %+v", c, Defaults())
 	}
 	if c.Transport != "http" || c.Addr != "127.0.0.1:8080" || c.APITier != "pro" || c.LogLevel != "info" ||
-		c.Root != "./data" || c.MaxRequestBytes != 16<<20 || !reflect.DeepEqual(c.Toolsets, []string{"all"}) || !c.IsLoopback() {
+		c.Root != "./data" || c.MaxRequestBytes != 32<<20 || !reflect.DeepEqual(c.Toolsets, []string{"all"}) || !c.IsLoopback() {
 		t.Errorf("defaults %+v", c)
 	}
 }

@@ -81,6 +81,7 @@ for lang in "${LANGS[@]}"; do
     # intercepting proxy's CA may only be there). It never reaches the final image.
     ctx="$TMP/ctx-$lang"
     cp -a "$HERE/$lang" "$ctx"
+    cp "$HERE/fetch-verified.mjs" "$ctx/" # one copy, shared by both images
     rm -f "$ctx/host-ca.crt"
     if [ -s "$NPM_CA_BUNDLE" ]; then
       cp "$NPM_CA_BUNDLE" "$ctx/host-ca.crt"

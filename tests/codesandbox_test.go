@@ -143,6 +143,22 @@ func TestCodeSandboxRefusalsReachNoNetwork(t *testing.T) {
 	for _, tc := range bad {
 		mustToolError(t, callTool(t, c, "create_sandbox_for_project", tc.args), tc.code)
 	}
+	// write_files_to_sandbox: 10 files of 500 KB, the same path rules.
+	eleven := map[string]string{}
+	for i := 0; i < 11; i++ {
+		eleven["f"+strings.Repeat("x", i)+".txt"] = "x"
+	}
+	for _, tc := range []struct {
+		files map[string]string
+		code  string
+	}{
+		{eleven, "INVALID_INPUT"},
+		{map[string]string{"big.txt": strings.Repeat("a", 500<<10+1)}, "FILE_SIZE_EXCEEDED"},
+		{map[string]string{"src/../../x": "x"}, "PATH_TRAVERSAL"},
+		{map[string]string{"app/.env.local": "A=1"}, "PATH_TRAVERSAL"},
+	} {
+		mustToolError(t, callTool(t, c, "write_files_to_sandbox", map[string]any{"sandbox_id": "abcdef", "files": tc.files}), tc.code)
+	}
 	if n := len(fake.Requests()); n != 0 {
 		t.Fatalf("%d requests reached CodeSandbox for refused calls", n)
 	}

@@ -292,9 +292,9 @@ func TestBadInputGetsClearErrorsAndServerKeepsServing(t *testing.T) {
 	if code, body := raw([]byte("{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"tools/list\",\"x\":\"\xc3\x28\"}")); code != 400 || !strings.Contains(body, "UTF-8") {
 		t.Errorf("invalid UTF-8: %d %s", code, body)
 	}
-	big := bytes.Repeat([]byte("A"), 20<<20)
+	big := bytes.Repeat([]byte("A"), 33<<20)
 	if code, body := raw(append(append([]byte(`{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"get_usage","arguments":{"a":"`), big...), `"}}}`...)); code != 413 || !strings.Contains(body, "exceeds") {
-		t.Errorf("20 MB body: %d %.200s", code, body)
+		t.Errorf("33 MB body: %d %.200s", code, body)
 	}
 	tenMB := strings.Repeat("B", 10<<20)
 	e := mustToolError(t, callTool(t, c, "get_usage", map[string]any{"blob": tenMB}), "INVALID_INPUT")

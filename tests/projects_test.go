@@ -111,3 +111,71 @@ func TestLocalProjectBuildOutputIsRedacted(t *testing.T) {
 		t.Fatalf("build output not redacted: %+v", out)
 	}
 }
+
+func TestLocalNodeProjectPreviewThroughSocket(t *testing.T) {
+	requireNodeRunner(t)
+	b := StartHTTP(t, BrokerOpts{Token: testToken, Env: map[string]string{"SANDBOX_POOL_SIZE": "0"}})
+	c := b.Client(t, testToken)
+	// After its first answer the app swaps its socket for a symlink to the
+	// host's Docker socket: the broker must not follow it.
+	server := `const http = require('node:http'), fs = require('node:fs')
+const sock = process.env.PREVIEW_SOCKET
+let n = 0
+const srv = http.createServer((req, res) => {
+  n++
+  console.log('request ' + n + ' ' + req.url)
+  res.end('<h1>node app answer ' + n + '</h1>')
+  if (n === 1) { fs.unlinkSync(sock); fs.symlinkSync('/var/run/docker.sock', sock) }
+})
+try { fs.unlinkSync(sock) } catch {}
+srv.listen(sock, () => console.log('listening'))
+`
+	var created projectCreated
+	resultJSON(t, callTool(t, c, "create_sandbox_for_project", map[string]any{"project_name": "api", "template": "node",
+		"initial_files": map[string]string{"server.js": server}}), &created)
+	jar, _ := cookiejar.New(nil)
+	hc := &http.Client{Jar: jar, Timeout: 60 * time.Second}
+	code, page, hdr := fetch(t, hc, created.PreviewURL)
+	if code != http.StatusOK || !strings.Contains(page, "node app answer 1") {
+		t.Fatalf("preview %d: %s", code, page)
+	}
+	if hdr.Get("Content-Security-Policy") == "" {
+		t.Error("preview has no CSP")
+	}
+	code, page, _ = fetch(t, hc, b.URL+"/preview/"+created.SandboxID+"/version")
+	if code != http.StatusBadGateway || strings.Contains(page, "ApiVersion") {
+		t.Fatalf("after the symlink swap: %d %s", code, page)
+	}
+	var out projectOutput
+	resultJSON(t, callTool(t, c, "get_sandbox_output", map[string]any{"sandbox_id": created.SandboxID, "output_type": "console_log"}), &out)
+	if !strings.Contains(out.Output, "request 1 /") || strings.Contains(out.Output, "request 2") {
+		t.Fatalf("console_log: %q", out.Output)
+	}
+}
+
+func TestLocalStaticPreviewRefusesSymlinks(t *testing.T) {
+	requireNodeRunner(t)
+	b := StartHTTP(t, BrokerOpts{Token: testToken, Env: map[string]string{"SANDBOX_POOL_SIZE": "0"}})
+	c := b.Client(t, testToken)
+	// The build plants links to host files in its output.
+	build := `mkdir -p dist/sub && echo '<p>static ok</p>' > dist/index.html && ln -s /etc/passwd dist/leak.txt && ln -s /etc dist/sub/etc`
+	var created projectCreated
+	resultJSON(t, callTool(t, c, "create_sandbox_for_project", map[string]any{"project_name": "links", "template": "vue",
+		"initial_files": map[string]string{"package.json": `{"name":"links","scripts":{"build":"` + build + `"}}`}}), &created)
+	var out projectOutput
+	resultJSON(t, callTool(t, c, "get_sandbox_output", map[string]any{"sandbox_id": created.SandboxID, "output_type": "build_output"}), &out)
+	if !out.Success {
+		t.Fatalf("build: %+v", out)
+	}
+	jar, _ := cookiejar.New(nil)
+	hc := &http.Client{Jar: jar, Timeout: 30 * time.Second}
+	if code, page, _ := fetch(t, hc, created.PreviewURL); code != http.StatusOK || !strings.Contains(page, "static ok") {
+		t.Fatalf("preview %d: %s", code, page)
+	}
+	for _, p := range []string{"leak.txt", "sub/etc/passwd", "../meta", "%2e%2e/%2e%2e/meta"} {
+		code, page, _ := fetch(t, hc, b.URL+"/preview/"+created.SandboxID+"/"+p)
+		if code == http.StatusOK || strings.Contains(page, "root:") {
+			t.Errorf("%s: %d %q", p, code, page)
+		}
+	}
+}

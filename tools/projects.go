@@ -13,7 +13,6 @@ import (
 // Projects is what the project tools need.
 type Projects struct {
 	Manager *projects.Manager
-	Redact  func(string) string
 }
 
 // Limits of the project tools (the spec's).

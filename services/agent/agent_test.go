@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -754,6 +755,58 @@ func TestParseStat(t *testing.T) {
 	}
 	if p, ok := parseStat(b); !ok || p.ppid != os.Getppid() {
 		t.Fatalf("own stat: %+v %v", p, ok)
+	}
+}
+
+func FuzzParseStat(f *testing.F) {
+	f.Add([]byte("123 (bash) S 1 123 123 0 -1 4194560 100 0 0 0 0 0 0 0 20 0 1 0 98765 1000 100 0"))
+	f.Add([]byte("7 (a) b) c) Z 1 7 7 0 -1 4 0 0 0 0 0 0 0 0 20 0 1 0 5 0 0"))
+	f.Add([]byte("1 (x"))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		st, ok := ParseProcStat(b)
+		if !ok {
+			return
+		}
+		// What parsed must be the fields after the last ')'.
+		f := bytes.Fields(b[bytes.LastIndexByte(b, ')')+1:])
+		if len(f) < 20 || len(f[0]) != 1 || f[0][0] != st.State {
+			t.Fatalf("parsed %+v from %q", st, b)
+		}
+		if start, err := strconv.ParseUint(string(f[19]), 10, 64); err != nil || start != st.Start {
+			t.Fatalf("start %d from %q", st.Start, b)
+		}
+	})
+}
+
+func TestInstall(t *testing.T) {
+	dir := t.TempDir()
+	src, dst := filepath.Join(dir, "src"), filepath.Join(dir, "dst")
+	if err := os.WriteFile(src, []byte("v1"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(dst, []byte("old"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	old, _ := os.Stat(dst)
+	if err := Install(src, dst); err != nil {
+		t.Fatal(err)
+	}
+	b, _ := os.ReadFile(dst)
+	fi, _ := os.Stat(dst)
+	if string(b) != "v1" || fi.Mode().Perm() != 0o755 || os.SameFile(old, fi) {
+		t.Fatalf("dst %q %v, new inode %v", b, fi.Mode(), !os.SameFile(old, fi))
+	}
+	if err := os.Chmod(dst, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := Install(dst, dst); err != nil {
+		t.Fatal(err)
+	}
+	if fi, _ := os.Stat(dst); fi.Mode().Perm() != 0o755 {
+		t.Fatalf("mode %v", fi.Mode())
+	}
+	if ents, _ := os.ReadDir(dir); len(ents) != 2 {
+		t.Fatalf("left behind: %v", ents)
 	}
 }
 

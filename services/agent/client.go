@@ -7,7 +7,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"iter"
+	"slices"
+	"strings"
 	"time"
+
+	"github.com/sandbox-broker/sandbox-broker/services/brokererr"
+	"github.com/sandbox-broker/sandbox-broker/services/sandbox"
 )
 
 // ClientMargin is added to the request's timeout for the client's deadline:
@@ -104,21 +110,69 @@ func Ping(ctx context.Context, socketPath string) (zygoteReady bool, err error) 
 // WaitReady pings the agent until it answers, with a short backoff (1 ms
 // doubling to 50 ms), until ctx is done. Use it after starting a container.
 func WaitReady(ctx context.Context, socketPath string) error {
+	return waitPing(ctx, socketPath, false)
+}
+
+// WaitWarm is WaitReady that also waits for the agent's Python zygote to
+// be preloaded: a run's stray check needs the zygote in place first.
+func WaitWarm(ctx context.Context, socketPath string) error {
+	return waitPing(ctx, socketPath, true)
+}
+
+func waitPing(ctx context.Context, socketPath string, warm bool) error {
 	backoff := time.Millisecond
 	for {
 		pctx, cancel := context.WithTimeout(ctx, time.Second)
-		_, err := Ping(pctx, socketPath)
+		zygote, err := Ping(pctx, socketPath)
 		cancel()
-		if err == nil {
+		if err == nil && (zygote || !warm) {
 			return nil
 		}
 		t := time.NewTimer(backoff)
 		select {
 		case <-ctx.Done():
 			t.Stop()
+			if err == nil {
+				return fmt.Errorf("agent: zygote not warm: %w", ctx.Err())
+			}
 			return fmt.Errorf("agent: not ready: %w (last error: %v)", ctx.Err(), err)
 		case <-t.C:
 		}
 		backoff = min(backoff*2, 50*time.Millisecond)
 	}
+}
+
+// ExecResult maps the agent's answer to a run's result. dur is the host's
+// clock, which bills the run: the agent's own figure is untrusted. An
+// answer with Error set (the agent could not run the code) is UNAVAILABLE.
+func ExecResult(resp Response, dur time.Duration) (sandbox.ExecResult, error) {
+	if resp.Error != "" {
+		msg := resp.Error
+		if len(msg) > 300 {
+			msg = msg[:300] + "…"
+		}
+		return sandbox.ExecResult{Duration: dur}, brokererr.New(brokererr.Unavailable, "the sandbox could not run the code: %s", msg)
+	}
+	return sandbox.ExecResult{
+		ExitCode:  resp.ExitCode,
+		Signal:    resp.Signal,
+		Stdout:    resp.Stdout,
+		Stderr:    resp.Stderr,
+		Truncated: resp.Truncated,
+		TimedOut:  resp.TimedOut,
+		Duration:  dur,
+	}, nil
+}
+
+// UnknownLanguage is a backend's answer to a run in a language it does not
+// offer, naming the ones it does.
+func UnknownLanguage(lang string, available iter.Seq[string]) error {
+	msg := "none"
+	if langs := slices.Sorted(available); len(langs) > 0 {
+		msg = strings.Join(langs, ", ")
+	}
+	if len(lang) > 40 {
+		lang = lang[:40] + "…"
+	}
+	return brokererr.New(brokererr.UnknownLanguage, "unknown language %q; available: %s", lang, msg)
 }

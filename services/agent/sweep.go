@@ -210,6 +210,29 @@ func parseStat(b []byte) (procInfo, bool) {
 	return procInfo{ppid: ppid, sid: sid, state: f[0][0], flags: flags, start: st}, true
 }
 
+// ProcStat is what the sandbox backends read of a thread's stat file
+// (/proc/<pid>/stat or /proc/<pid>/task/<tid>/stat), with the parser the
+// sweep uses.
+type ProcStat struct {
+	State   byte
+	PPid    int
+	Session int
+	Flags   uint64 // PF_* flags
+	Start   uint64 // starttime in clock ticks since boot
+}
+
+// ParseProcStat parses a stat file's contents.
+func ParseProcStat(b []byte) (ProcStat, bool) {
+	p, ok := parseStat(b)
+	return ProcStat{State: p.state, PPid: p.ppid, Session: p.sid, Flags: p.flags, Start: p.start}, ok
+}
+
+// Live reports whether the thread can run code again: not a zombie, not
+// dead, not already in exit.
+func (p ProcStat) Live() bool {
+	return p.State != 'Z' && p.State != 'X' && p.Flags&pfExiting == 0
+}
+
 // sweepTargets returns the processes a sweep round should consider. In
 // descendants mode, dangling reports whether some process's parent is
 // missing from the snapshot: /proc is not read atomically, so a process

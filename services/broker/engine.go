@@ -5,7 +5,6 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -173,29 +172,7 @@ func installAgent(root string) (string, error) {
 	if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
 		return "", err
 	}
-	src, err := os.Open(exe)
-	if err != nil {
-		return "", err
-	}
-	defer src.Close()
-	tmp, err := os.CreateTemp(filepath.Dir(dst), ".agent-*")
-	if err != nil {
-		return "", err
-	}
-	defer os.Remove(tmp.Name())
-	if _, err := io.Copy(tmp, src); err != nil {
-		tmp.Close()
-		return "", err
-	}
-	if err := tmp.Chmod(0o755); err != nil {
-		tmp.Close()
-		return "", err
-	}
-	if err := tmp.Close(); err != nil {
-		return "", err
-	}
-	// Rename keeps containers that still mount the old inode working.
-	return dst, os.Rename(tmp.Name(), dst)
+	return dst, agent.Install(exe, dst)
 }
 
 // reapEvery checks often enough that a session is released within about a

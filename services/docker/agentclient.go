@@ -1,9 +1,6 @@
 package docker
 
 import (
-	"context"
-	"time"
-
 	"github.com/sandbox-broker/sandbox-broker/services/agent"
 )
 
@@ -15,24 +12,3 @@ var (
 	agentRun       = agent.Run
 	agentWaitReady = agent.WaitReady
 )
-
-// agentPing reports whether the agent's zygote is warm.
-var agentPing = agent.Ping
-
-// waitWarm waits until the agent reports its zygote preloaded (languages
-// without one report ready at once), polling every 20 ms within ctx.
-func waitWarm(ctx context.Context, socket string) error {
-	for {
-		pctx, cancel := context.WithTimeout(ctx, time.Second)
-		warm, err := agentPing(pctx, socket)
-		cancel()
-		if err == nil && warm {
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(20 * time.Millisecond):
-		}
-	}
-}

@@ -10,6 +10,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -297,19 +298,7 @@ func (e *Engine) runner(ctx context.Context, lang string) (runnerImage, error) {
 	if r, ok := m[lang]; ok {
 		return r, nil
 	}
-	langs := make([]string, 0, len(m))
-	for l := range m {
-		langs = append(langs, l)
-	}
-	sort.Strings(langs)
-	msg := "none"
-	if len(langs) > 0 {
-		msg = strings.Join(langs, ", ")
-	}
-	if len(lang) > 40 {
-		lang = lang[:40] + "…"
-	}
-	return runnerImage{}, brokererr.New(brokererr.UnknownLanguage, "unknown language %q; available: %s", lang, msg)
+	return runnerImage{}, agent.UnknownLanguage(lang, maps.Keys(m))
 }
 
 // sweepOrphans removes every container labelled sandbox.broker=1 that belongs
@@ -590,7 +579,7 @@ func (e *Engine) startContainer(ctx context.Context, r runnerImage, workspaceDir
 		// session snapshot (see hasStrays), and a new session's first run
 		// then pays no import cost.
 		wctx, cancel := context.WithTimeout(ctx, e.o.ReadyTimeout)
-		if err := waitWarm(wctx, c.socket()); err != nil {
+		if err := agent.WaitWarm(wctx, c.socket()); err != nil {
 			e.log.Warn().Str("container", shortID(c.dockerID)).Msg("zygote_not_warm")
 		}
 		cancel()
@@ -688,19 +677,6 @@ func liveSessionID(pid int) (int, bool) {
 	if err != nil {
 		return 0, false
 	}
-	// The command name is in parentheses and may contain anything.
-	i := strings.LastIndexByte(string(b), ')')
-	if i < 0 {
-		return 0, false
-	}
-	f := strings.Fields(string(b[i+1:])) // state ppid pgrp session tty tpgid flags ...
-	if len(f) < 7 || f[0] == "Z" || f[0] == "X" {
-		return 0, false
-	}
-	const pfExiting = 0x4
-	if flags, err := strconv.ParseUint(f[6], 10, 64); err != nil || flags&pfExiting != 0 {
-		return 0, false
-	}
-	sid, err := strconv.Atoi(f[3])
-	return sid, err == nil
+	st, ok := agent.ParseProcStat(b)
+	return st.Session, ok && st.Live()
 }

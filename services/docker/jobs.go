@@ -56,7 +56,7 @@ func (s *Session) StartJob(ctx context.Context, spec sandbox.JobSpec, sink sandb
 	if s.destroyed {
 		return nil, brokererr.New(brokererr.SandboxNotFound, "the sandbox was destroyed")
 	}
-	w, err := s.openWorkspace(true)
+	w, err := s.openWorkspace()
 	if err != nil {
 		return nil, err
 	}
@@ -119,11 +119,7 @@ func (s *Session) StartJob(ctx context.Context, spec sandbox.JobSpec, sink sandb
 		eg.close()
 		if fired {
 			c.gone.Store(true)
-			if after, err := w.Snapshot(); err == nil {
-				for _, p := range workspace.Changed(before, after) {
-					_ = w.Remove(p)
-				}
-			}
+			w.RemoveChanged(before)
 			l := w.Limits()
 			dj.setErr(brokererr.New(brokererr.QuotaExceeded,
 				"the workspace exceeded its quota (%d files, %d MiB); the execution was stopped and the files written since it started were removed", l.MaxFiles, l.MaxBytes>>20))

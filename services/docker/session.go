@@ -82,7 +82,7 @@ func (s *Session) Exec(ctx context.Context, req sandbox.ExecRequest) (sandbox.Ex
 	if timeout > agent.MaxTimeoutMS*time.Millisecond {
 		timeout = agent.MaxTimeoutMS * time.Millisecond
 	}
-	w, err := s.openWorkspace(true)
+	w, err := s.openWorkspace()
 	if err != nil {
 		return sandbox.ExecResult{}, err
 	}
@@ -127,28 +127,11 @@ func (s *Session) Exec(ctx context.Context, req sandbox.ExecRequest) (sandbox.Ex
 		e.log.Warn().Err(err).Str("container", shortID(c.dockerID)).Msg("sandbox agent unreachable")
 		return sandbox.ExecResult{Duration: dur}, brokererr.Wrap(err, brokererr.Unavailable, "the %s sandbox stopped responding; it will be restarted on the next call", r.Language)
 	}
-	if resp.Error != "" {
-		msg := resp.Error
-		if len(msg) > 300 {
-			msg = msg[:300] + "…"
-		}
-		return sandbox.ExecResult{Duration: dur}, brokererr.New(brokererr.Unavailable, "the sandbox could not run the code: %s", msg)
+	res, err := agent.ExecResult(resp, dur)
+	if err != nil {
+		return res, err
 	}
-	res := sandbox.ExecResult{
-		ExitCode:  resp.ExitCode,
-		Signal:    resp.Signal,
-		Stdout:    resp.Stdout,
-		Stderr:    resp.Stderr,
-		Truncated: resp.Truncated,
-		TimedOut:  resp.TimedOut,
-		// Billed by the host's clock: the agent's own figure is untrusted.
-		Duration: dur,
-	}
-	if after, err := w.Snapshot(); err == nil {
-		for _, p := range workspace.Changed(before, after) {
-			res.Changed = append(res.Changed, sandbox.FileInfo{Path: p, Size: after[p].Size, ModTime: after[p].ModTime})
-		}
-	}
+	res.Changed = w.ChangedFiles(before)
 	if !res.TimedOut && (resp.Signal == "SIGKILL" || resp.ExitCode == 137) {
 		res.OOMKilled = e.wasOOMKilled(ctx, c, oomBefore)
 	}
@@ -220,61 +203,27 @@ func (e *Engine) hasStrays(c *ctr, before map[int]bool) bool {
 	return false
 }
 
-func (s *Session) openWorkspace(create bool) (*workspace.Workspace, error) {
-	if create {
-		if _, err := os.Lstat(s.ref.Dir); errors.Is(err, fs.ErrNotExist) {
-			return workspace.Create(s.ref.Dir, workspace.WithLimits(s.e.o.WorkspaceLimits))
-		}
+// openWorkspace opens the session's workspace, creating it on first use.
+func (s *Session) openWorkspace() (*workspace.Workspace, error) {
+	if _, err := os.Lstat(s.ref.Dir); errors.Is(err, fs.ErrNotExist) {
+		return workspace.Create(s.ref.Dir, workspace.WithLimits(s.e.o.WorkspaceLimits))
 	}
 	return workspace.Open(s.ref.Dir, s.e.o.WorkspaceLimits)
 }
 
-// quotaPoll is how often a running sandbox's workspace is measured. The
-// quota can be overshot by what the code writes within one interval, bounded
-// per file by the fsize ulimit.
-const quotaPoll = 500 * time.Millisecond
-
-// watchQuota kills c when the workspace grows past its quota during a run
-// (plain ext4 bind mounts have no quota of their own). The returned stop
-// function reports whether it fired.
+// watchQuota removes c when the workspace grows past its quota while code
+// runs in it (see workspace.WatchQuota).
 func (s *Session) watchQuota(ctx context.Context, w *workspace.Workspace, c *ctr) func() bool {
-	done := make(chan struct{})
-	fired := make(chan bool, 1)
-	go func() {
-		t := time.NewTicker(quotaPoll)
-		defer t.Stop()
-		for {
-			select {
-			case <-done:
-				fired <- false
-				return
-			case <-ctx.Done():
-				fired <- false
-				return
-			case <-t.C:
-				if over, _ := w.OverQuota(); over {
-					s.e.log.Warn().Str("container", shortID(c.dockerID)).Msg("workspace_quota_exceeded")
-					_ = s.e.removeContainer(context.WithoutCancel(ctx), c)
-					fired <- true
-					return
-				}
-			}
-		}
-	}()
-	return func() bool {
-		close(done)
-		return <-fired
-	}
+	return w.WatchQuota(ctx, func(ctx context.Context) {
+		s.e.log.Warn().Str("container", shortID(c.dockerID)).Msg("workspace_quota_exceeded")
+		_ = s.e.removeContainer(ctx, c)
+	})
 }
 
 // quotaExceeded removes what the run wrote, retires its container and
 // reports QUOTA_EXCEEDED.
 func (s *Session) quotaExceeded(w *workspace.Workspace, before map[string]workspace.FileStamp, lang string, c *ctr, dur time.Duration) (sandbox.ExecResult, error) {
-	if after, err := w.Snapshot(); err == nil {
-		for _, p := range workspace.Changed(before, after) {
-			_ = w.Remove(p)
-		}
-	}
+	w.RemoveChanged(before)
 	delete(s.ctrs, lang)
 	s.e.removeAsync(c)
 	l := w.Limits()
@@ -289,7 +238,7 @@ func (s *Session) WriteFile(ctx context.Context, p string, data []byte, overwrit
 	if s.destroyed {
 		return brokererr.New(brokererr.SandboxNotFound, "the sandbox was destroyed")
 	}
-	w, err := s.openWorkspace(true)
+	w, err := s.openWorkspace()
 	if err != nil {
 		return err
 	}
@@ -304,19 +253,8 @@ func (s *Session) ReadFile(ctx context.Context, p string, offset, max int64) (sa
 	if s.destroyed {
 		return sandbox.File{}, brokererr.New(brokererr.SandboxNotFound, "the sandbox was destroyed")
 	}
-	w, err := s.openWorkspace(false)
-	if err != nil {
-		if brokererr.CodeOf(err) == brokererr.SandboxNotFound {
-			return sandbox.File{}, brokererr.New(brokererr.FileNotFound, "file not found")
-		}
-		return sandbox.File{}, err
-	}
-	defer w.Close()
-	return w.Read(p, offset, max)
+	return workspace.ReadFile(s.ref.Dir, s.e.o.WorkspaceLimits, p, offset, max)
 }
-
-// maxListEntries bounds ListFiles.
-const maxListEntries = 10000
 
 // ListFiles implements sandbox.Session: regular files under dir, recursively,
 // sorted by path. Symlinks and special files are not listed.
@@ -326,16 +264,7 @@ func (s *Session) ListFiles(ctx context.Context, dir string) ([]sandbox.FileInfo
 	if s.destroyed {
 		return nil, brokererr.New(brokererr.SandboxNotFound, "the sandbox was destroyed")
 	}
-	w, err := s.openWorkspace(false)
-	if brokererr.CodeOf(err) == brokererr.SandboxNotFound && (dir == "" || dir == ".") {
-		return []sandbox.FileInfo{}, nil // nothing written yet
-	}
-	if err != nil {
-		return nil, err
-	}
-	defer w.Close()
-	list, _, err := w.List(dir, maxListEntries)
-	return list, err
+	return workspace.ListFiles(s.ref.Dir, s.e.o.WorkspaceLimits, dir)
 }
 
 // removeAll removes every container of the session and waits.

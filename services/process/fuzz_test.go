@@ -1,32 +1,10 @@
 package process
 
 import (
-	"bytes"
 	"fmt"
-	"strconv"
 	"strings"
 	"testing"
 )
-
-func FuzzParseStat(f *testing.F) {
-	f.Add([]byte("123 (bash) S 1 123 123 0 -1 4194560 100 0 0 0 0 0 0 0 20 0 1 0 98765 1000 100 0"))
-	f.Add([]byte("7 (a) b) c) Z 1 7 7 0 -1 4 0 0 0 0 0 0 0 0 20 0 1 0 5 0 0"))
-	f.Add([]byte("1 (x"))
-	f.Fuzz(func(t *testing.T, b []byte) {
-		st, ok := parseStat(b)
-		if !ok {
-			return
-		}
-		// What parsed must be the fields after the last ')'.
-		f := bytes.Fields(b[bytes.LastIndexByte(b, ')')+1:])
-		if len(f) < 20 || len(f[0]) != 1 || f[0][0] != st.state {
-			t.Fatalf("parsed %+v from %q", st, b)
-		}
-		if start, err := strconv.ParseUint(string(f[19]), 10, 64); err != nil || start != st.start {
-			t.Fatalf("start %d from %q", st.start, b)
-		}
-	})
-}
 
 func FuzzParsePidFile(f *testing.F) {
 	f.Add([]byte("1234 5678\n"))

@@ -13,7 +13,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"io"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -174,7 +174,8 @@ func New(ctx context.Context, o Options) (*Backend, error) {
 			return nil, err
 		}
 	}
-	if b.agent, err = installAgent(o.AgentBinary, filepath.Join(o.Root, "bin", "sandbox-agent")); err != nil {
+	b.agent = filepath.Join(o.Root, "bin", "sandbox-agent")
+	if err := agent.Install(o.AgentBinary, b.agent); err != nil {
 		return nil, fmt.Errorf("process: install agent: %w", err)
 	}
 	if b.etcDir, err = writeEtc(filepath.Join(o.Root, "etc-sandbox")); err != nil {
@@ -241,44 +242,14 @@ func rootTag(root string) string {
 	return "sandbox-broker-" + hex.EncodeToString(h[:6])
 }
 
-// installAgent copies src to dst (0755) through a temporary file, so a
-// running sandbox keeps the inode it started with.
-func installAgent(src, dst string) (string, error) {
-	if src == dst {
-		return dst, os.Chmod(dst, 0o755)
-	}
-	in, err := os.Open(src)
-	if err != nil {
-		return "", err
-	}
-	defer in.Close()
-	tmp, err := os.CreateTemp(filepath.Dir(dst), ".sandbox-agent-*")
-	if err != nil {
-		return "", err
-	}
-	defer os.Remove(tmp.Name())
-	if _, err := io.Copy(tmp, in); err != nil {
-		tmp.Close()
-		return "", err
-	}
-	if err := tmp.Chmod(0o755); err != nil {
-		tmp.Close()
-		return "", err
-	}
-	if err := tmp.Close(); err != nil {
-		return "", err
-	}
-	return dst, os.Rename(tmp.Name(), dst)
-}
-
-// interpreters lists, per language, the interpreter that must exist under
-// /usr for the language to be offered (PATH inside is /usr/local/bin:/usr/bin).
+// interpreters lists, per run_code language (agent.RunLanguages), the
+// interpreter that must exist under /usr for the language to be offered
+// (PATH inside is /usr/local/bin:/usr/bin).
 var interpreters = map[string]string{
 	agent.LangPython:     "python3",
 	agent.LangBash:       "bash",
 	agent.LangJavaScript: "node",
 	agent.LangTypeScript: "tsx",
-	agent.LangNode:       "node",
 }
 
 // sandboxPath is the PATH inside the sandbox: only /usr is mounted.
@@ -286,7 +257,11 @@ const sandboxPath = "/usr/local/bin:/usr/bin:/bin"
 
 func findRunners() map[string]string {
 	m := map[string]string{}
-	for lang, bin := range interpreters {
+	for _, lang := range agent.RunLanguages {
+		bin, ok := interpreters[lang]
+		if !ok {
+			continue
+		}
 		for _, dir := range []string{"/usr/local/bin", "/usr/bin"} {
 			p := filepath.Join(dir, bin)
 			if st, err := os.Stat(p); err == nil && st.Mode().IsRegular() && st.Mode()&0o111 != 0 {
@@ -316,19 +291,7 @@ func (b *Backend) hasLanguage(lang string) error {
 	if _, ok := b.runners[lang]; ok {
 		return nil
 	}
-	langs := make([]string, 0, len(b.runners))
-	for l := range b.runners {
-		langs = append(langs, l)
-	}
-	sort.Strings(langs)
-	msg := "none"
-	if len(langs) > 0 {
-		msg = strings.Join(langs, ", ")
-	}
-	if len(lang) > 40 {
-		lang = lang[:40] + "…"
-	}
-	return brokererr.New(brokererr.UnknownLanguage, "unknown language %q; available: %s", lang, msg)
+	return agent.UnknownLanguage(lang, maps.Keys(b.runners))
 }
 
 // Ping implements sandbox.Backend: bwrap must still be there.

@@ -199,7 +199,7 @@ func hostProcsWith(marker string) []int {
 		}
 		b, err := os.ReadFile("/proc/" + e.Name() + "/cmdline")
 		if err == nil && strings.Contains(string(b), marker) {
-			if st, ok := procStat(pid, pid); ok && st.state != 'Z' {
+			if st, ok := procStat(pid, pid); ok && st.State != 'Z' {
 				out = append(out, pid)
 			}
 		}

@@ -1,7 +1,6 @@
 package process
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"os"
@@ -149,14 +148,14 @@ func (b *Backend) start(ctx context.Context, workspaceDir string) (*sbx, error) 
 		case <-rctx.Done():
 		}
 	}()
-	if err := waitReady(rctx, s); err != nil {
+	if err := agent.WaitReady(rctx, s.socket()); err != nil {
 		b.log.Warn().Err(err).Str("sandbox", id).Str("stderr_tail", b.redact(s.stderr.String(), workspaceDir)).Msg("sandbox_agent_not_ready")
 		return fail(brokererr.Wrap(err, brokererr.Unavailable, "the sandbox did not become ready"))
 	}
 	if _, ok := b.runners[agent.LangPython]; ok {
 		// Runs need the zygote in place before a run's session snapshot
 		// (see strays), and the first run then pays no import cost.
-		if err := waitWarm(rctx, s); err != nil {
+		if err := agent.WaitWarm(rctx, s.socket()); err != nil {
 			b.log.Warn().Str("sandbox", id).Msg("zygote_not_warm")
 		}
 	}
@@ -226,7 +225,7 @@ type procKey struct {
 // alive reports whether p still exists and is not a zombie.
 func alive(p procKey) bool {
 	st, ok := procStat(p.pid, p.pid)
-	return ok && st.start == p.start && st.state != 'Z' && st.state != 'X'
+	return ok && st.Start == p.start && st.State != 'Z' && st.State != 'X'
 }
 
 // descendants walks /proc/<pid>/task/*/children from pid, pid included.
@@ -245,7 +244,7 @@ func descendants(pid int) []procKey {
 		if !ok {
 			continue
 		}
-		out = append(out, procKey{p, st.start})
+		out = append(out, procKey{p, st.Start})
 		tasks, _ := os.ReadDir(fmt.Sprintf("/proc/%d/task", p))
 		for _, t := range tasks {
 			b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/children", p, t.Name()))
@@ -286,59 +285,26 @@ func (s *sbx) sessions() map[int]bool {
 			if err != nil {
 				continue
 			}
-			st, ok := procStat(p.pid, tid)
-			const pfExiting = 0x4
-			if !ok || st.state == 'Z' || st.state == 'X' || st.flags&pfExiting != 0 {
-				continue
+			if st, ok := procStat(p.pid, tid); ok && st.Live() {
+				out[st.Session] = true
 			}
-			out[st.sid] = true
 		}
 	}
 	return out
 }
 
-type statInfo struct {
-	state byte
-	ppid  int
-	sid   int
-	flags uint64
-	start uint64
-}
-
 // procStat reads /proc/<pid>/task/<tid>/stat.
-func procStat(pid, tid int) (statInfo, bool) {
+func procStat(pid, tid int) (agent.ProcStat, bool) {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/stat", pid, tid))
 	if err != nil {
-		return statInfo{}, false
+		return agent.ProcStat{}, false
 	}
-	return parseStat(b)
+	return agent.ParseProcStat(b)
 }
 
 func procStart(pid int) (uint64, bool) {
 	st, ok := procStat(pid, pid)
-	return st.start, ok
-}
-
-// parseStat parses a /proc stat line; the command name is in parentheses
-// and may contain anything, so fields are counted from the last ')'.
-func parseStat(b []byte) (statInfo, bool) {
-	i := bytes.LastIndexByte(b, ')')
-	if i < 0 {
-		return statInfo{}, false
-	}
-	f := bytes.Fields(b[i+1:])
-	// f[0] state, f[1] ppid, f[3] session, f[6] flags, f[19] starttime.
-	if len(f) < 20 || len(f[0]) != 1 {
-		return statInfo{}, false
-	}
-	ppid, err1 := strconv.Atoi(string(f[1]))
-	sid, err2 := strconv.Atoi(string(f[3]))
-	flags, err3 := strconv.ParseUint(string(f[6]), 10, 64)
-	start, err4 := strconv.ParseUint(string(f[19]), 10, 64)
-	if err1 != nil || err2 != nil || err3 != nil || err4 != nil {
-		return statInfo{}, false
-	}
-	return statInfo{state: f[0][0], ppid: ppid, sid: sid, flags: flags, start: start}, true
+	return st.Start, ok
 }
 
 // parsePidFile parses "pid starttime\n" as written by start.
@@ -413,47 +379,6 @@ func (s *sbx) run(ctx context.Context, req agent.Request) (agent.Response, error
 
 // agentRun is a variable so tests can observe or replace the call.
 var agentRun = agent.Run
-
-func (s *sbx) ping(ctx context.Context) (bool, error) {
-	return agent.Ping(ctx, s.socket())
-}
-
-// waitReady pings until the agent answers (1 ms backoff doubling to 50 ms).
-func waitReady(ctx context.Context, s *sbx) error {
-	return poll(ctx, func() bool {
-		pctx, cancel := context.WithTimeout(ctx, time.Second)
-		defer cancel()
-		_, err := s.ping(pctx)
-		return err == nil
-	})
-}
-
-// waitWarm waits until the agent reports its zygote preloaded.
-func waitWarm(ctx context.Context, s *sbx) error {
-	return poll(ctx, func() bool {
-		pctx, cancel := context.WithTimeout(ctx, time.Second)
-		defer cancel()
-		warm, err := s.ping(pctx)
-		return err == nil && warm
-	})
-}
-
-func poll(ctx context.Context, ok func() bool) error {
-	backoff := time.Millisecond
-	for {
-		if ok() {
-			return nil
-		}
-		t := time.NewTimer(backoff)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return ctx.Err()
-		case <-t.C:
-		}
-		backoff = min(backoff*2, 50*time.Millisecond)
-	}
-}
 
 // tailBuffer keeps the last max bytes written (bwrap's and the agent's
 // stderr, for the log when a sandbox fails to start).

@@ -81,7 +81,7 @@ func (s *Session) sandbox(ctx context.Context) (*sbx, error) {
 		_ = s.b.stop(ctx, s.sb)
 		s.sb = nil
 	}
-	w, err := s.openWorkspace(true)
+	w, err := s.openWorkspace()
 	if err != nil {
 		return nil, err
 	}
@@ -126,7 +126,7 @@ func (s *Session) Exec(ctx context.Context, req sandbox.ExecRequest) (sandbox.Ex
 		timeout = defaultExecTimeout
 	}
 	timeout = min(timeout, agent.MaxTimeoutMS*time.Millisecond)
-	w, err := s.openWorkspace(true)
+	w, err := s.openWorkspace()
 	if err != nil {
 		return sandbox.ExecResult{}, err
 	}
@@ -138,7 +138,10 @@ func (s *Session) Exec(ctx context.Context, req sandbox.ExecRequest) (sandbox.Ex
 	oomBefore := sb.cg.oomKills()
 	sessionsBefore := sb.sessions()
 	rctx, cancel := context.WithTimeout(ctx, timeout+hardStopMargin)
-	stopWatch := s.watchQuota(rctx, w, sb)
+	stopWatch := w.WatchQuota(rctx, func(kctx context.Context) {
+		s.b.log.Warn().Str("sandbox", sb.id).Msg("workspace_quota_exceeded")
+		_ = s.b.stop(kctx, sb)
+	})
 	start := time.Now()
 	resp, err := sb.run(rctx, agent.Request{
 		Language:       req.Language,
@@ -168,28 +171,11 @@ func (s *Session) Exec(ctx context.Context, req sandbox.ExecRequest) (sandbox.Ex
 		s.b.log.Warn().Err(err).Str("sandbox", sb.id).Msg("sandbox_agent_unreachable")
 		return sandbox.ExecResult{Duration: dur}, brokererr.Wrap(err, brokererr.Unavailable, "the sandbox stopped responding; it will be restarted on the next call")
 	}
-	if resp.Error != "" {
-		msg := resp.Error
-		if len(msg) > 300 {
-			msg = msg[:300] + "…"
-		}
-		return sandbox.ExecResult{Duration: dur}, brokererr.New(brokererr.Unavailable, "the sandbox could not run the code: %s", msg)
+	res, err := agent.ExecResult(resp, dur)
+	if err != nil {
+		return res, err
 	}
-	res := sandbox.ExecResult{
-		ExitCode:  resp.ExitCode,
-		Signal:    resp.Signal,
-		Stdout:    resp.Stdout,
-		Stderr:    resp.Stderr,
-		Truncated: resp.Truncated,
-		TimedOut:  resp.TimedOut,
-		// Billed by the host's clock: the agent's own figure is untrusted.
-		Duration: dur,
-	}
-	if after, err := w.Snapshot(); err == nil {
-		for _, p := range workspace.Changed(before, after) {
-			res.Changed = append(res.Changed, sandbox.FileInfo{Path: p, Size: after[p].Size, ModTime: after[p].ModTime})
-		}
-	}
+	res.Changed = w.ChangedFiles(before)
 	if !res.TimedOut && (resp.Signal == "SIGKILL" || resp.ExitCode == 137) && oomBefore >= 0 {
 		res.OOMKilled = sb.cg.oomKills() > oomBefore
 	}
@@ -219,66 +205,24 @@ func (s *Session) hasStrays(sb *sbx, before map[int]bool) bool {
 	return false
 }
 
-func (s *Session) openWorkspace(create bool) (*workspace.Workspace, error) {
+// openWorkspace opens the session's workspace, creating it on first use.
+func (s *Session) openWorkspace() (*workspace.Workspace, error) {
 	own := workspace.WithOwner(s.b.uid, s.b.gid)
-	if create {
-		if _, err := os.Lstat(s.ref.Dir); errors.Is(err, fs.ErrNotExist) {
-			// bwrap runs as the sandbox uid and must reach the workspace.
-			if err := os.MkdirAll(filepath.Dir(s.ref.Dir), 0o711); err != nil {
-				return nil, brokererr.Wrap(err, brokererr.InternalError, "cannot create the workspace")
-			}
-			return workspace.Create(s.ref.Dir, workspace.WithLimits(s.b.o.WorkspaceLimits), own)
+	if _, err := os.Lstat(s.ref.Dir); errors.Is(err, fs.ErrNotExist) {
+		// bwrap runs as the sandbox uid and must reach the workspace.
+		if err := os.MkdirAll(filepath.Dir(s.ref.Dir), 0o711); err != nil {
+			return nil, brokererr.Wrap(err, brokererr.InternalError, "cannot create the workspace")
 		}
+		return workspace.Create(s.ref.Dir, workspace.WithLimits(s.b.o.WorkspaceLimits), own)
 	}
 	return workspace.Open(s.ref.Dir, s.b.o.WorkspaceLimits, own)
-}
-
-// quotaPoll is how often a running sandbox's workspace is measured; the
-// quota can be overshot by one interval's writes, bounded per file by
-// RLIMIT_FSIZE.
-const quotaPoll = 500 * time.Millisecond
-
-// watchQuota kills sb when the workspace grows past its quota during a
-// run. The returned stop function reports whether it fired.
-func (s *Session) watchQuota(ctx context.Context, w *workspace.Workspace, sb *sbx) func() bool {
-	done := make(chan struct{})
-	fired := make(chan bool, 1)
-	go func() {
-		t := time.NewTicker(quotaPoll)
-		defer t.Stop()
-		for {
-			select {
-			case <-done:
-				fired <- false
-				return
-			case <-ctx.Done():
-				fired <- false
-				return
-			case <-t.C:
-				if over, _ := w.OverQuota(); over {
-					s.b.log.Warn().Str("sandbox", sb.id).Msg("workspace_quota_exceeded")
-					_ = s.b.stop(context.WithoutCancel(ctx), sb)
-					fired <- true
-					return
-				}
-			}
-		}
-	}()
-	return func() bool {
-		close(done)
-		return <-fired
-	}
 }
 
 // quotaExceeded removes what the run wrote, retires the sandbox and
 // reports QUOTA_EXCEEDED.
 func (s *Session) quotaExceeded(w *workspace.Workspace, before map[string]workspace.FileStamp, sb *sbx, dur time.Duration) (sandbox.ExecResult, error) {
 	s.retire(sb)
-	if after, err := w.Snapshot(); err == nil {
-		for _, p := range workspace.Changed(before, after) {
-			_ = w.Remove(p)
-		}
-	}
+	w.RemoveChanged(before)
 	l := w.Limits()
 	return sandbox.ExecResult{Duration: dur, ExitCode: -1}, brokererr.New(brokererr.QuotaExceeded,
 		"the workspace exceeded its quota (%d files, %d MiB); the run was stopped and the files it wrote were removed", l.MaxFiles, l.MaxBytes>>20)
@@ -298,7 +242,7 @@ func (s *Session) WriteFile(ctx context.Context, p string, data []byte, overwrit
 	if err := s.checkLive(); err != nil {
 		return err
 	}
-	w, err := s.openWorkspace(true)
+	w, err := s.openWorkspace()
 	if err != nil {
 		return err
 	}
@@ -311,19 +255,8 @@ func (s *Session) ReadFile(ctx context.Context, p string, offset, max int64) (sa
 	if err := s.checkLive(); err != nil {
 		return sandbox.File{}, err
 	}
-	w, err := s.openWorkspace(false)
-	if err != nil {
-		if brokererr.CodeOf(err) == brokererr.SandboxNotFound {
-			return sandbox.File{}, brokererr.New(brokererr.FileNotFound, "file not found")
-		}
-		return sandbox.File{}, err
-	}
-	defer w.Close()
-	return w.Read(p, offset, max)
+	return workspace.ReadFile(s.ref.Dir, s.b.o.WorkspaceLimits, p, offset, max)
 }
-
-// maxListEntries bounds ListFiles.
-const maxListEntries = 10000
 
 // ListFiles implements sandbox.Session: regular files under dir,
 // recursively, sorted by path.
@@ -331,16 +264,7 @@ func (s *Session) ListFiles(ctx context.Context, dir string) ([]sandbox.FileInfo
 	if err := s.checkLive(); err != nil {
 		return nil, err
 	}
-	w, err := s.openWorkspace(false)
-	if brokererr.CodeOf(err) == brokererr.SandboxNotFound && (dir == "" || dir == ".") {
-		return []sandbox.FileInfo{}, nil
-	}
-	if err != nil {
-		return nil, err
-	}
-	defer w.Close()
-	list, _, err := w.List(dir, maxListEntries)
-	return list, err
+	return workspace.ListFiles(s.ref.Dir, s.b.o.WorkspaceLimits, dir)
 }
 
 // stopLocked stops the current sandbox, waiting. Caller holds s.mu.

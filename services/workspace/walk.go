@@ -188,6 +188,25 @@ func (w *Workspace) List(dir string, maxEntries int) ([]sandbox.FileInfo, bool, 
 	return out, truncated || !complete, nil
 }
 
+// MaxListFiles bounds ListFiles.
+const MaxListFiles = 10000
+
+// ListFiles is a session's ListFiles: List of sub (at most MaxListFiles
+// entries) in the workspace at dir, where a workspace not created yet is
+// empty.
+func ListFiles(dir string, l Limits, sub string) ([]sandbox.FileInfo, error) {
+	w, err := Open(dir, l)
+	if brokererr.CodeOf(err) == brokererr.SandboxNotFound && (sub == "" || sub == ".") {
+		return []sandbox.FileInfo{}, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	defer w.Close()
+	list, _, err := w.List(sub, MaxListFiles)
+	return list, err
+}
+
 // maxHeap keeps the smallest paths seen, largest on top.
 type maxHeap []string
 
@@ -255,4 +274,26 @@ func Changed(before, after map[string]FileStamp) []string {
 	}
 	slices.Sort(out)
 	return out
+}
+
+// ChangedFiles lists the files new or changed since before (see Changed)
+// as they are now; nil when there are none or the walk fails.
+func (w *Workspace) ChangedFiles(before map[string]FileStamp) []sandbox.FileInfo {
+	after, err := w.Snapshot()
+	if err != nil {
+		return nil
+	}
+	var out []sandbox.FileInfo
+	for _, p := range Changed(before, after) {
+		out = append(out, sandbox.FileInfo{Path: p, Size: after[p].Size, ModTime: after[p].ModTime})
+	}
+	return out
+}
+
+// RemoveChanged deletes, as far as it can, the files new or changed since
+// before: what a run or job that broke the quota wrote.
+func (w *Workspace) RemoveChanged(before map[string]FileStamp) {
+	for _, f := range w.ChangedFiles(before) {
+		_ = w.Remove(f.Path)
+	}
 }

@@ -14,6 +14,7 @@
 package workspace
 
 import (
+	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
@@ -24,6 +25,7 @@ import (
 	"strings"
 	"sync"
 	"syscall"
+	"time"
 
 	"github.com/sandbox-broker/sandbox-broker/services/brokererr"
 	"github.com/sandbox-broker/sandbox-broker/services/sandbox"
@@ -445,6 +447,20 @@ func (w *Workspace) Read(p string, offset, max int64) (sandbox.File, error) {
 	}, nil
 }
 
+// ReadFile is a session's ReadFile: Read on the workspace at dir, where a
+// workspace not created yet holds no files.
+func ReadFile(dir string, l Limits, p string, offset, max int64) (sandbox.File, error) {
+	w, err := Open(dir, l)
+	if brokererr.CodeOf(err) == brokererr.SandboxNotFound {
+		return sandbox.File{}, brokererr.New(brokererr.FileNotFound, "file not found")
+	}
+	if err != nil {
+		return sandbox.File{}, err
+	}
+	defer w.Close()
+	return w.Read(p, offset, max)
+}
+
 // OpenFile opens the regular file p for reading, with the checks of Read,
 // and returns it with its fstat information. The caller closes the file.
 func (w *Workspace) OpenFile(p string) (*os.File, os.FileInfo, error) {
@@ -552,4 +568,43 @@ func (w *Workspace) OverQuota() (bool, error) {
 		return brokererr.CodeOf(err) == brokererr.QuotaExceeded, err
 	}
 	return files > w.lim.MaxFiles || bytes > w.lim.MaxBytes, nil
+}
+
+// QuotaPoll is how often WatchQuota measures the workspace. The quota can
+// be overshot by what the code writes within one interval, bounded per
+// file by the sandbox's file size limit.
+const QuotaPoll = 500 * time.Millisecond
+
+// WatchQuota measures the workspace every QuotaPoll while a sandbox runs
+// code (its bind mount has no quota of its own). Past the quota it calls
+// kill once, with ctx's values but never cancelled, and stops watching;
+// it also stops when ctx is done. stop ends the watch and reports whether
+// kill was called (after kill has returned).
+func (w *Workspace) WatchQuota(ctx context.Context, kill func(context.Context)) (stop func() bool) {
+	done := make(chan struct{})
+	fired := make(chan bool, 1)
+	go func() {
+		t := time.NewTicker(QuotaPoll)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				fired <- false
+				return
+			case <-ctx.Done():
+				fired <- false
+				return
+			case <-t.C:
+				if over, _ := w.OverQuota(); over {
+					kill(context.WithoutCancel(ctx))
+					fired <- true
+					return
+				}
+			}
+		}
+	}()
+	return func() bool {
+		close(done)
+		return <-fired
+	}
 }

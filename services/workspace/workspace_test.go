@@ -2,6 +2,7 @@ package workspace
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -557,6 +558,58 @@ func TestSnapshotChanged(t *testing.T) {
 	}
 	if len(Changed(after, after)) != 0 {
 		t.Fatal("no change expected")
+	}
+}
+
+func TestChangedFilesAndRemoveChanged(t *testing.T) {
+	w, dir, _ := newWS(t)
+	mustWriteFile(t, filepath.Join(dir, "old.txt"), "old")
+	before, err := w.Snapshot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := w.ChangedFiles(before); got != nil {
+		t.Fatalf("ChangedFiles = %v, want nil", got)
+	}
+	mustWriteFile(t, filepath.Join(dir, "new/a.txt"), "abc")
+	got := w.ChangedFiles(before)
+	if len(got) != 1 || got[0].Path != "new/a.txt" || got[0].Size != 3 || got[0].ModTime.IsZero() {
+		t.Fatalf("ChangedFiles = %+v", got)
+	}
+	w.RemoveChanged(before)
+	if _, err := os.Stat(filepath.Join(dir, "new/a.txt")); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("new file still there: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "old.txt")); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestSessionReadListMissingWorkspace(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "never-created")
+	_, err := ReadFile(dir, Limits{}, "a.txt", 0, 0)
+	wantCode(t, err, brokererr.FileNotFound)
+	list, err := ListFiles(dir, Limits{}, ".")
+	if err != nil || list == nil || len(list) != 0 {
+		t.Fatalf("ListFiles = %v, %v; want empty", list, err)
+	}
+	_, err = ListFiles(dir, Limits{}, "sub")
+	wantCode(t, err, brokererr.SandboxNotFound)
+}
+
+func TestWatchQuota(t *testing.T) {
+	w, dir, _ := newWS(t, WithLimits(Limits{MaxFiles: 1}))
+	stop := w.WatchQuota(context.Background(), func(context.Context) { t.Error("kill under the quota") })
+	if stop() {
+		t.Fatal("fired under the quota")
+	}
+	mustWriteFile(t, filepath.Join(dir, "a"), "1")
+	mustWriteFile(t, filepath.Join(dir, "b"), "2")
+	killed := make(chan struct{})
+	stop = w.WatchQuota(context.Background(), func(context.Context) { close(killed) })
+	withTimeout(t, 5*time.Second, func() { <-killed })
+	if !stop() {
+		t.Fatal("stop did not report the kill")
 	}
 }
 

@@ -99,6 +99,7 @@ type Server struct {
 
 	mu          sync.Mutex
 	reqs        []Request
+	reqsGen     int // bumped by ResetRequests: a request open across it keeps no index
 	calls       []PitcherCall
 	faults      []*Fault
 	sandboxes   map[string]*sandbox
@@ -187,6 +188,7 @@ func (s *Server) ResetRequests() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.reqs, s.calls = nil, nil
+	s.reqsGen++
 }
 
 // PitcherCalls returns the agent requests so far.
@@ -208,6 +210,13 @@ func (s *Server) Inject(f Fault) {
 		f.Budget = "vms"
 	}
 	s.faults = append(s.faults, &f)
+}
+
+// ClearFaults drops every pending fault.
+func (s *Server) ClearFaults() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.faults = nil
 }
 
 // SetLimits changes the workspace's budgets.
@@ -407,14 +416,16 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 	authorized := s.authorized(r)
 	rec.Authorized = authorized
 	s.mu.Lock()
-	idx := len(s.reqs)
+	idx, gen := len(s.reqs), s.reqsGen
 	s.reqs = append(s.reqs, rec)
 	s.mu.Unlock()
 	setStatus := func(code int) {
 		s.mu.Lock()
-		s.reqs[idx].Status = code
+		defer s.mu.Unlock()
+		if gen == s.reqsGen { // the agent's websocket may outlive a reset
+			s.reqs[idx].Status = code
+		}
 		s.bumpLocked()
-		s.mu.Unlock()
 	}
 
 	// The agent endpoint authenticates with its own token, not the key.

@@ -1,0 +1,131 @@
+package projects_test
+
+import (
+	"context"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/sandbox-broker/sandbox-broker/services/brokererr"
+	"github.com/sandbox-broker/sandbox-broker/services/codesandbox"
+	"github.com/sandbox-broker/sandbox-broker/services/codesandbox/csbfake"
+	"github.com/sandbox-broker/sandbox-broker/services/projects"
+)
+
+const key = "csb_v1_manager_test_0123456789"
+
+// clock is a settable time source.
+type clock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func (c *clock) now() time.Time      { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
+func (c *clock) add(d time.Duration) { c.mu.Lock(); c.t = c.t.Add(d); c.mu.Unlock() }
+
+// newManager opens a Manager on a real SQLite file and the CodeSandbox
+// provider against the fake.
+func newManager(t *testing.T) (*projects.Manager, *csbfake.Server, *clock) {
+	t.Helper()
+	fake := csbfake.New(t, key)
+	p, err := codesandbox.NewProvider(codesandbox.ProviderOptions{API: codesandbox.Options{BaseURL: fake.URL(), APIKey: key}, Log: zerolog.Nop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = p.Close(context.Background()) })
+	clk := &clock{t: time.Now()}
+	m, err := projects.Open(context.Background(), projects.Options{DBPath: filepath.Join(t.TempDir(), "state.db"), Provider: p, Now: clk.now, Log: zerolog.Nop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = m.Close() })
+	return m, fake, clk
+}
+
+func TestOwnershipAndTTL(t *testing.T) {
+	m, fake, clk := newManager(t)
+	ctx := context.Background()
+	rec, _, err := m.Create(ctx, "alice", projects.CreateRequest{ProjectName: "shop", Template: "react"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rec.Provider != "codesandbox" {
+		t.Fatalf("record %+v", rec)
+	}
+	// Another principal: not found, and no request reaches the provider.
+	fake.ResetRequests()
+	if _, err := m.Get(ctx, "bob", rec.ID); brokererr.CodeOf(err) != brokererr.SandboxNotFound {
+		t.Fatalf("bob's Get: %v", err)
+	}
+	if list, _ := m.List(ctx, "bob"); len(list) != 0 {
+		t.Fatalf("bob sees %+v", list)
+	}
+	if n := len(fake.Requests()); n != 0 {
+		t.Fatalf("%d provider requests for a foreign sandbox", n)
+	}
+	if list, _ := m.List(ctx, "alice"); len(list) != 1 || list[0].ID != rec.ID {
+		t.Fatalf("alice's list %+v", list)
+	}
+
+	// Before the TTL the reaper keeps it; after, it is shut down and deleted.
+	clk.add(projects.TTL - time.Minute)
+	m.Reap(ctx)
+	if st, ok := fake.Sandbox(rec.ID); !ok || st.Deleted || !st.Running {
+		t.Fatalf("reaped early: %+v", st)
+	}
+	clk.add(2 * time.Minute)
+	if _, err := m.Get(ctx, "alice", rec.ID); brokererr.CodeOf(err) != brokererr.SandboxNotFound {
+		t.Fatalf("expired sandbox still usable: %v", err)
+	}
+	m.Reap(ctx)
+	if st, ok := fake.Sandbox(rec.ID); ok && (!st.Deleted || st.Running) {
+		t.Fatalf("after TTL: %+v", st)
+	}
+	if list, _ := m.List(ctx, "alice"); len(list) != 0 {
+		t.Fatalf("list after TTL %+v", list)
+	}
+}
+
+func TestFailedDestroyIsRetried(t *testing.T) {
+	m, fake, clk := newManager(t)
+	ctx := context.Background()
+	rec, _, err := m.Create(ctx, "alice", projects.CreateRequest{ProjectName: "x", Template: "node"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	clk.add(projects.TTL + time.Second)
+	fake.FailNext(500, 100) // every retry of this reap fails
+	m.Reap(ctx)
+	if st, ok := fake.Sandbox(rec.ID); !ok || st.Deleted {
+		t.Fatalf("deleted despite failures: %+v", st)
+	}
+	fake.ClearFaults()
+	m.Reap(ctx)
+	if st, ok := fake.Sandbox(rec.ID); ok && !st.Deleted {
+		t.Fatalf("not deleted on the second reap: %+v", st)
+	}
+}
+
+func TestFilesValidation(t *testing.T) {
+	lim := projects.FileLimits{MaxFiles: 2, MaxFileBytes: 4}
+	for _, tc := range []struct {
+		files map[string]string
+		code  brokererr.Code
+	}{
+		{map[string]string{"a": "1", "b": "2", "c": "3"}, brokererr.InvalidInput},
+		{map[string]string{"a": "12345"}, brokererr.FileSizeExceeded},
+		{map[string]string{"../a": "1"}, brokererr.PathTraversal},
+		{map[string]string{"x/node_modules/y": "1"}, brokererr.PathTraversal},
+		{map[string]string{".CODESANDBOX/tasks.json": "1"}, brokererr.PathTraversal},
+	} {
+		if _, err := projects.Files(tc.files, lim); brokererr.CodeOf(err) != tc.code {
+			t.Errorf("%v: %v, want %s", tc.files, err, tc.code)
+		}
+	}
+	if out, err := projects.Files(map[string]string{"src/a.js": "1234"}, lim); err != nil || string(out["src/a.js"]) != "1234" {
+		t.Fatalf("valid files: %v %v", out, err)
+	}
+}
