@@ -124,6 +124,8 @@ let n = 0
 const srv = http.createServer((req, res) => {
   n++
   console.log('request ' + n + ' ' + req.url)
+  res.setHeader('Set-Cookie', 'sbx_preview=evil; Path=/')
+  res.setHeader('Clear-Site-Data', '"cookies"')
   res.end('<h1>node app answer ' + n + '</h1>')
   if (n === 1) { fs.unlinkSync(sock); fs.symlinkSync('/var/run/docker.sock', sock) }
 })
@@ -141,6 +143,16 @@ srv.listen(sock, () => console.log('listening'))
 	}
 	if hdr.Get("Content-Security-Policy") == "" {
 		t.Error("preview has no CSP")
+	}
+	// The app's cookies and Clear-Site-Data never reach the broker's origin
+	// (the broker's own preview cookie is the only one).
+	for _, c := range hdr.Values("Set-Cookie") {
+		if strings.Contains(c, "evil") {
+			t.Errorf("app cookie passed through: %s", c)
+		}
+	}
+	if hdr.Get("Clear-Site-Data") != "" {
+		t.Error("Clear-Site-Data passed through")
 	}
 	code, page, _ = fetch(t, hc, b.URL+"/preview/"+created.SandboxID+"/version")
 	if code != http.StatusBadGateway || strings.Contains(page, "ApiVersion") {

@@ -23,24 +23,58 @@ var ErrNotSocket = errors.New("not a unix socket")
 // magic link names the very inode that was checked, so nothing can be
 // swapped in between check and connect.
 func DialSocket(ctx context.Context, path string) (net.Conn, error) {
+	fd, err := openSocket(path)
+	if err != nil {
+		return nil, err
+	}
+	defer unix.Close(fd)
+	var d net.Dialer
+	return d.DialContext(ctx, "unix", fmt.Sprintf("/proc/self/fd/%d", fd))
+}
+
+// SetSocketAccess gives the Unix socket at path to uid:gid (uid < 0 keeps
+// the owner) with mode, following no symlink: the broker (root) sets up
+// sockets in directories the sandbox writes, where a plain chown or chmod
+// could be raced onto a host file through a symlink.
+func SetSocketAccess(path string, uid, gid int, mode uint32) error {
+	fd, err := openSocket(path)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	if uid >= 0 {
+		if err := unix.Fchownat(fd, "", uid, gid, unix.AT_EMPTY_PATH); err != nil {
+			return fmt.Errorf("chown socket: %w", err)
+		}
+	}
+	// chmod through the magic link reaches the checked inode itself.
+	if err := unix.Chmod(fmt.Sprintf("/proc/self/fd/%d", fd), mode); err != nil {
+		return fmt.Errorf("chmod socket: %w", err)
+	}
+	return nil
+}
+
+// openSocket opens path's last component with O_PATH|O_NOFOLLOW and checks
+// that it is a socket; the caller closes the fd.
+func openSocket(path string) (int, error) {
 	dir, name := filepath.Split(path)
 	dfd, err := unix.Open(filepath.Clean(dir), unix.O_PATH|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return nil, fmt.Errorf("open socket dir: %w", err)
+		return -1, fmt.Errorf("open socket dir: %w", err)
 	}
 	defer unix.Close(dfd)
 	fd, err := unix.Openat(dfd, name, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return nil, fmt.Errorf("open socket: %w", err)
+		return -1, fmt.Errorf("open socket: %w", err)
 	}
-	defer unix.Close(fd)
 	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err != nil {
-		return nil, fmt.Errorf("stat socket: %w", err)
+		unix.Close(fd)
+		return -1, fmt.Errorf("stat socket: %w", err)
 	}
 	if st.Mode&unix.S_IFMT != unix.S_IFSOCK {
-		return nil, ErrNotSocket
+		unix.Close(fd)
+		return -1, ErrNotSocket
 	}
-	var d net.Dialer
-	return d.DialContext(ctx, "unix", fmt.Sprintf("/proc/self/fd/%d", fd))
+	return fd, nil
 }

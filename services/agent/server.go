@@ -121,6 +121,7 @@ func Serve(ctx context.Context, opts Options) error {
 	if err != nil {
 		return err
 	}
+	reserveThreads(spareThreads)
 	_ = os.Remove(opts.Socket)
 	ln, err := net.Listen("unix", opts.Socket)
 	if err != nil {

@@ -127,7 +127,7 @@ func (b *Broker) openBackend(ctx context.Context, cfg config.Config, agentBin st
 			Runtime:     cfg.Runtime,
 			InstanceID:  instanceID(),
 			Languages:   agent.RunLanguages,
-			Log:         logging.Component(b.log, "docker"),
+			Log:         b.log, // the engine names its component
 			WorkspaceLimits: workspace.Limits{MaxFiles: cfg.MaxFiles, MaxBytes: cfg.MaxWorkspaceMB << 20,
 				MaxFileBytes: min(cfg.MaxWorkspaceMB<<20, 64<<20)},
 		})
@@ -148,7 +148,7 @@ func (b *Broker) openBackend(ctx context.Context, cfg config.Config, agentBin st
 		MemoryBytes: cfg.MemoryMB << 20,
 		PidsLimit:   cfg.PidsLimit,
 		CPUMilli:    int64(cfg.CPUs),
-		Log:         logging.Component(b.log, "process"),
+		Log:         b.log, // the backend names its component
 		WorkspaceLimits: workspace.Limits{MaxFiles: cfg.MaxFiles, MaxBytes: cfg.MaxWorkspaceMB << 20,
 			MaxFileBytes: min(cfg.MaxWorkspaceMB<<20, 64<<20)},
 	})
@@ -257,7 +257,7 @@ func (b *Broker) openProjects(ctx context.Context, cfg config.Config, agentBin s
 				return u, err
 			},
 			Runtime: cfg.Runtime,
-			Log:     logging.Component(b.log, "projects"),
+			Log:     b.log, // the provider names its component
 		})
 	default:
 		return nil

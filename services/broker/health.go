@@ -45,6 +45,9 @@ func (b *Broker) Health(ctx context.Context) Health {
 	if time.Since(b.health.at) < time.Second {
 		h := b.health.last
 		h.UptimeS = int64(time.Since(b.started) / time.Second)
+		if b.poolStats != nil { // in memory, so never stale
+			h.Pool = b.poolStats()
+		}
 		return h
 	}
 	h := b.checkHealth(ctx)

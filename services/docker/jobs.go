@@ -230,12 +230,14 @@ func newEgressSocket(runDir string) (*egressSocket, error) {
 	if err != nil {
 		return nil, err
 	}
-	// The sandbox user must be able to connect (write permission).
-	mode := os.FileMode(0o600)
-	if os.Chown(p, SandboxUID, SandboxGID) != nil {
-		mode = 0o666 // not root: the run dir is 0777 then
+	// The sandbox user must be able to connect (write permission). The
+	// run dir is the sandbox's: nothing here may follow a symlink it put
+	// in place of the socket.
+	uid, gid, mode := SandboxUID, SandboxGID, uint32(0o600)
+	if os.Geteuid() != 0 {
+		uid, gid, mode = -1, -1, 0o666 // the run dir is 0777 then
 	}
-	if err := os.Chmod(p, mode); err != nil {
+	if err := agent.SetSocketAccess(p, uid, gid, mode); err != nil {
 		ln.Close()
 		return nil, err
 	}

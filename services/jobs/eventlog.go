@@ -205,7 +205,7 @@ type Page struct {
 	// log's size cap before this read.
 	Dropped int64
 	// Next is the cursor for the following read (the last Seq returned,
-	// or since when nothing was).
+	// or, when nothing was, since or the last dropped Seq).
 	Next int64
 	// More says events remain after this page.
 	More bool
@@ -222,9 +222,6 @@ func (l *eventLog) read(since int64, maxEvents int, maxBytes int) (Page, error) 
 		return Page{}, err
 	}
 	p := Page{Next: since}
-	if first > since+1 {
-		p.Dropped = first - since - 1
-	}
 	size := 0
 	for _, n := range segs {
 		err := scanSegment(filepath.Join(l.dir, segName(n)), func(e Event) bool {
@@ -241,8 +238,8 @@ func (l *eventLog) read(since int64, maxEvents int, maxBytes int) (Page, error) 
 			return true
 		})
 		if errors.Is(err, fs.ErrNotExist) {
-			// Rotated away between listing and reading: those events are
-			// dropped; the next read reports them.
+			// Rotated away between listing and reading: rotation deletes
+			// the oldest segments only, so these events precede the rest.
 			continue
 		}
 		if err != nil {
@@ -251,6 +248,16 @@ func (l *eventLog) read(since int64, maxEvents int, maxBytes int) (Page, error) 
 		if p.More {
 			break
 		}
+	}
+	// Dropped counts from what was actually read, so a rotation during the
+	// read is reported too; the cursor moves past what was dropped, so
+	// nothing is reported twice.
+	switch {
+	case len(p.Events) > 0:
+		p.Dropped = max(0, p.Events[0].Seq-since-1)
+	case first > since+1:
+		p.Dropped = first - since - 1
+		p.Next = first - 1
 	}
 	return p, nil
 }

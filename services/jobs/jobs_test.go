@@ -430,3 +430,86 @@ func FuzzSegmentScan(f *testing.F) {
 		}
 	})
 }
+
+func TestOnEndRunsOnceForRefusedStarts(t *testing.T) {
+	m := openTest(t, t.TempDir(), func(o *Options) { o.MaxConcurrent = 1; o.MaxPerSession = 1 })
+	start(t, m, "alice", "s1", "sleep 30", false)
+	ends := 0
+	_, err := m.Start(context.Background(), StartRequest{Principal: "alice", SessionID: "s1", SessionKey: "s1", Runner: procRunner{dir: t.TempDir()},
+		Spec: sandbox.JobSpec{Command: "true", Timeout: time.Second}, OnEnd: func(sandbox.JobExit) { ends++ }})
+	if !isCode(err, brokererr.QuotaExceeded) || ends != 1 {
+		t.Fatalf("refused start: err %v, OnEnd ran %d times", err, ends)
+	}
+}
+
+func TestCancelEscalatesAfterTheCallerLeaves(t *testing.T) {
+	m := openTest(t, t.TempDir(), nil)
+	id := start(t, m, "alice", "s1", `trap '' TERM; echo ready; while :; do sleep 0.05; done`, false)
+	waitFor(t, m, "alice", id, func(e Event) bool { return strings.Contains(e.Data, "ready") })
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel() // the client is gone before the grace period ends
+	if _, err := m.Cancel(ctx, "alice", id, false); err != nil {
+		t.Fatal(err)
+	}
+	done := m.Done("alice", id)
+	if done == nil {
+		t.Fatal("job ended at SIGTERM although it ignores it")
+	}
+	select {
+	case <-done:
+	case <-time.After(CancelGrace + 10*time.Second):
+		t.Fatal("SIGKILL never came")
+	}
+	if info, _ := m.Status(context.Background(), "alice", id); info.Status != StatusCancelled || !strings.HasPrefix(info.Signal, "SIGKILL") {
+		t.Fatalf("after escalation: %+v", info)
+	}
+}
+
+func TestCloseMarksRunningJobsAsErrorWithTheReason(t *testing.T) {
+	dir := t.TempDir()
+	m := openTest(t, dir, nil)
+	id := start(t, m, "alice", "s1", `echo started; sleep 30`, false)
+	waitFor(t, m, "alice", id, func(e Event) bool { return strings.Contains(e.Data, "started") })
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := m.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	again := openTest(t, dir, nil)
+	info, err := again.Status(context.Background(), "alice", id)
+	if err != nil || info.Status != StatusError || info.Error != restartReason {
+		t.Fatalf("after a graceful stop: %+v %v", info, err)
+	}
+	out, _ := again.Read(context.Background(), "alice", id, ReadRequest{MaxEvents: 100, MaxBytes: 1 << 20})
+	if !strings.Contains(stdout(out.Events), "started") || out.Events[len(out.Events)-1].Message != restartReason {
+		t.Fatalf("events %+v", out.Events)
+	}
+}
+
+func TestDroppedEventsCountedOnceAcrossReads(t *testing.T) {
+	m := openTest(t, t.TempDir(), func(o *Options) { o.LogMaxBytes = 16 << 10 })
+	id := start(t, m, "alice", "s1", `for i in $(seq 1 3000); do echo "line $i"; done`, false)
+	waitFor(t, m, "alice", id, func(e Event) bool { return e.Type == EventExit })
+	// Small pages: every seq is either returned or counted as dropped,
+	// exactly once.
+	var since, seen, dropped int64
+	for {
+		out, err := m.Read(context.Background(), "alice", id, ReadRequest{Since: since, MaxEvents: 50, MaxBytes: 1 << 20})
+		if err != nil {
+			t.Fatal(err)
+		}
+		dropped += out.Dropped
+		seen += int64(len(out.Events))
+		if out.Next < since {
+			t.Fatalf("cursor went back: %d after %d", out.Next, since)
+		}
+		since = out.Next
+		if !out.More {
+			break
+		}
+	}
+	last, _ := m.Status(context.Background(), "alice", id)
+	if dropped == 0 || seen+dropped != last.LastSeq {
+		t.Fatalf("seen %d + dropped %d != last seq %d", seen, dropped, last.LastSeq)
+	}
+}

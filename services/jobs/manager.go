@@ -43,6 +43,13 @@ var IDPattern = regexp.MustCompile(`^exec_[0-9a-f]{32}$`)
 // CancelGrace is how long a cancelled job has between SIGTERM and SIGKILL.
 const CancelGrace = 5 * time.Second
 
+// Server-side bounds on waits inside a tool call.
+const (
+	signalTimeout = 10 * time.Second
+	stdinTimeout  = 30 * time.Second
+	pruneEvery    = time.Hour
+)
+
 // restartReason is recorded for jobs that were running when the broker stopped.
 const restartReason = "the broker restarted while this job was running; output up to then is kept"
 
@@ -65,7 +72,9 @@ type Manager struct {
 	mu         sync.Mutex
 	live       map[string]*job
 	perSession map[string]int
+	closing    bool // Close kills live jobs: they end as error, with the reason
 	wg         sync.WaitGroup
+	stopPrune  chan struct{}
 }
 
 type job struct {
@@ -146,6 +155,26 @@ func Open(ctx context.Context, o Options) (*Manager, error) {
 		db.Close()
 		return nil, err
 	}
+	// Ended jobs' logs go after Retention, not only at the next start.
+	m.stopPrune = make(chan struct{})
+	m.wg.Add(1)
+	go func(stop <-chan struct{}) {
+		defer m.wg.Done()
+		t := time.NewTicker(pruneEvery)
+		defer t.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-t.C:
+				pctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+				if err := m.prune(pctx, m.o.Now()); err != nil {
+					m.o.Log.Warn().Msg("job_prune_failed")
+				}
+				cancel()
+			}
+		}
+	}(m.stopPrune)
 	return m, nil
 }
 
@@ -209,6 +238,11 @@ func (m *Manager) Ping(ctx context.Context) error { return m.db.PingContext(ctx)
 // Close kills live jobs (their status becomes error) and closes the store.
 func (m *Manager) Close(ctx context.Context) error {
 	m.mu.Lock()
+	if m.stopPrune != nil {
+		close(m.stopPrune)
+		m.stopPrune = nil
+	}
+	m.closing = true
 	live := make([]*job, 0, len(m.live))
 	for _, j := range m.live {
 		live = append(live, j)
@@ -255,14 +289,24 @@ func limitError(format string, a ...any) error {
 // Start starts a job and returns its ID. Past a concurrency limit it fails
 // at once with QUOTA_EXCEEDED.
 func (m *Manager) Start(ctx context.Context, req StartRequest) (string, error) {
+	refuse := func(err error) (string, error) {
+		if req.OnEnd != nil {
+			req.OnEnd(sandbox.JobExit{})
+		}
+		return "", err
+	}
 	m.mu.Lock()
+	if m.closing {
+		m.mu.Unlock()
+		return refuse(brokererr.New(brokererr.Unavailable, "the broker is shutting down"))
+	}
 	if len(m.live) >= m.o.MaxConcurrent {
 		m.mu.Unlock()
-		return "", limitError("the broker runs its maximum of %d concurrent executions; wait for one to finish", m.o.MaxConcurrent)
+		return refuse(limitError("the broker runs its maximum of %d concurrent executions; wait for one to finish", m.o.MaxConcurrent))
 	}
 	if m.perSession[req.SessionKey] >= m.o.MaxPerSession {
 		m.mu.Unlock()
-		return "", limitError("this session runs its maximum of %d concurrent executions; wait for one to finish or cancel one", m.o.MaxPerSession)
+		return refuse(limitError("this session runs its maximum of %d concurrent executions; wait for one to finish or cancel one", m.o.MaxPerSession))
 	}
 	id := newID()
 	j := &job{id: id, principal: req.Principal, sessionKey: req.SessionKey, interactive: req.Spec.Interactive,
@@ -277,7 +321,7 @@ func (m *Manager) Start(ctx context.Context, req StartRequest) (string, error) {
 			_ = j.log.close()
 		}
 		close(j.done)
-		return "", err
+		return refuse(err)
 	}
 	var err error
 	if j.log, err = openLog(m.logDir(id), m.o.LogMaxBytes); err != nil {
@@ -340,10 +384,19 @@ func (m *Manager) finish(j *job, x sandbox.JobExit, onEnd func(sandbox.JobExit))
 	j.mu.Lock()
 	cancelled := j.cancelled
 	j.mu.Unlock()
+	m.mu.Lock()
+	closing := m.closing
+	m.mu.Unlock()
 	status, ev := StatusCompleted, Event{}
 	code := x.ExitCode
 	ms := x.Duration.Milliseconds()
+	var be *brokererr.Error
 	switch {
+	case closing && !cancelled:
+		status, ev = StatusError, Event{Type: EventError, Message: restartReason}
+	case x.Err != nil && errors.As(x.Err, &be):
+		// A structured cause (the workspace quota, say) is the model's to read.
+		status, ev = StatusError, Event{Type: EventError, Message: be.Message + "; output up to then is kept"}
 	case x.Err != nil:
 		status, ev = StatusError, Event{Type: EventError, Message: "the job's sandbox stopped answering; output up to then is kept"}
 	case cancelled:
@@ -605,8 +658,13 @@ func (m *Manager) SendStdin(ctx context.Context, principal, id string, data []by
 	if !j.interactive {
 		return brokererr.New(brokererr.Conflict, "execution %s was not started with interactive=true; its stdin is closed", id)
 	}
+	ctx, cancel := context.WithTimeout(ctx, stdinTimeout)
+	defer cancel()
 	if len(data) > 0 {
 		if err := j.handle.WriteStdin(ctx, data); err != nil {
+			if ctx.Err() != nil {
+				return brokererr.New(brokererr.SandboxTimeout, "execution %s did not read its stdin within %s", id, stdinTimeout)
+			}
 			return brokererr.Wrap(err, brokererr.Conflict, "stdin of execution %s is closed", id)
 		}
 	}
@@ -650,21 +708,33 @@ func (m *Manager) Cancel(ctx context.Context, principal, id string, force bool) 
 	if force {
 		sig = syscall.SIGKILL
 	}
-	if err := j.handle.Signal(ctx, sig); err != nil {
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), signalTimeout)
+	err = j.handle.Signal(sctx, sig)
+	cancel()
+	if err != nil {
 		m.o.Log.Warn().Str("execution_id", id).Msg("job_signal_failed")
 	}
 	if !force {
-		grace := time.NewTimer(CancelGrace)
-		select {
-		case <-j.done:
-		case <-grace.C:
-			_ = j.handle.Signal(ctx, syscall.SIGKILL)
-		case <-ctx.Done():
-		}
-		grace.Stop()
+		// The escalation must not depend on the caller staying connected.
+		m.wg.Add(1)
+		go func() {
+			defer m.wg.Done()
+			grace := time.NewTimer(CancelGrace)
+			defer grace.Stop()
+			select {
+			case <-j.done:
+			case <-grace.C:
+				kctx, cancel := context.WithTimeout(context.Background(), signalTimeout)
+				_ = j.handle.Signal(kctx, syscall.SIGKILL)
+				cancel()
+			}
+		}()
 	}
+	wait := time.NewTimer(CancelGrace + signalTimeout)
+	defer wait.Stop()
 	select {
 	case <-j.done:
+	case <-wait.C:
 	case <-ctx.Done():
 	}
 	return m.Status(context.WithoutCancel(ctx), principal, id)

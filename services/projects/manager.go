@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"regexp"
 	"sort"
+	"sync"
 	"time"
 
 	"github.com/rs/zerolog"
@@ -37,6 +38,9 @@ type Manager struct {
 	ttl time.Duration
 	now func() time.Time
 	log zerolog.Logger
+
+	mu      sync.Mutex
+	pending map[string]int // creations under way, per principal
 }
 
 // Options configure a Manager.
@@ -74,7 +78,7 @@ func Open(ctx context.Context, o Options) (*Manager, error) {
 		db.Close()
 		return nil, fmt.Errorf("projects table: %w", err)
 	}
-	return &Manager{p: o.Provider, db: db, ttl: o.TTL, now: o.Now, log: o.Log}, nil
+	return &Manager{p: o.Provider, db: db, ttl: o.TTL, now: o.Now, log: o.Log, pending: map[string]int{}}, nil
 }
 
 // Provider returns the provider behind the manager.
@@ -126,13 +130,27 @@ var ProjectName = regexp.MustCompile(`^[A-Za-z0-9_-]{1,50}$`)
 
 // Create makes a sandbox for principal; req is already validated.
 func (m *Manager) Create(ctx context.Context, principal string, req CreateRequest) (Record, Sandbox, error) {
+	// Creations under way count too: a provider takes seconds, and
+	// parallel calls must not all pass the check.
+	m.mu.Lock()
 	var n int
 	if err := m.db.QueryRowContext(ctx, `SELECT COUNT(*) FROM projects WHERE principal = ?`, principal).Scan(&n); err != nil {
+		m.mu.Unlock()
 		return Record{}, nil, brokererr.Wrap(err, brokererr.Unavailable, "project store unavailable")
 	}
-	if n >= MaxPerPrincipal {
+	if n += m.pending[principal]; n >= MaxPerPrincipal {
+		m.mu.Unlock()
 		return Record{}, nil, brokererr.New(brokererr.QuotaExceeded, "you have %d project sandboxes; each is destroyed %s after creation", n, m.ttl)
 	}
+	m.pending[principal]++
+	m.mu.Unlock()
+	defer func() {
+		m.mu.Lock()
+		if m.pending[principal]--; m.pending[principal] == 0 {
+			delete(m.pending, principal)
+		}
+		m.mu.Unlock()
+	}()
 	sb, err := m.p.Create(ctx, req)
 	if err != nil {
 		return Record{}, nil, err

@@ -129,3 +129,39 @@ func TestFilesValidation(t *testing.T) {
 		t.Fatalf("valid files: %v %v", out, err)
 	}
 }
+
+func TestPerPrincipalCapHoldsUnderParallelCreates(t *testing.T) {
+	m, fake, _ := newManager(t)
+	fake.SetLimits(csbfake.Limits{RequestsHourly: 10000, SandboxesHourly: 1000, ConcurrentVMs: 1000})
+	const tries = projects.MaxPerPrincipal + 4
+	var wg sync.WaitGroup
+	errs := make(chan error, tries)
+	for i := 0; i < tries; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, _, err := m.Create(context.Background(), "alice", projects.CreateRequest{ProjectName: "p", Template: "node"})
+			errs <- err
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	ok, refused := 0, 0
+	for err := range errs {
+		switch {
+		case err == nil:
+			ok++
+		case brokererr.CodeOf(err) == brokererr.QuotaExceeded:
+			refused++
+		default:
+			t.Errorf("unexpected: %v", err)
+		}
+	}
+	if ok != projects.MaxPerPrincipal || refused != tries-projects.MaxPerPrincipal {
+		t.Fatalf("%d created, %d refused", ok, refused)
+	}
+	// Another principal is not affected.
+	if _, _, err := m.Create(context.Background(), "bob", projects.CreateRequest{ProjectName: "p", Template: "node"}); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -7,12 +7,14 @@ import (
 	"net"
 	"net/http"
 	"net/http/httputil"
+	"net/url"
 	"path"
 	"path/filepath"
 	"strings"
 	"time"
 
 	"github.com/sandbox-broker/sandbox-broker/services/agent"
+	"github.com/sandbox-broker/sandbox-broker/services/files"
 	"github.com/sandbox-broker/sandbox-broker/services/projects"
 	"github.com/sandbox-broker/sandbox-broker/services/workspace"
 )
@@ -123,6 +125,7 @@ func (pr *project) appProxy() http.Handler {
 			ResponseHeaderTimeout:  proxyTimeout,
 			MaxResponseHeaderBytes: 64 << 10,
 		},
+		ModifyResponse: pr.scrubAppHeaders,
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
 			pr.console.Write([]byte("[broker] preview request failed: the app did not answer\n"))
 			http.Error(w, "the app did not answer; see get_sandbox_output console_log", http.StatusBadGateway)
@@ -133,4 +136,26 @@ func (pr *project) appProxy() http.Handler {
 		defer cancel()
 		rp.ServeHTTP(w, r.WithContext(ctx))
 	})
+}
+
+// scrubAppHeaders keeps the app's response from acting on the broker's
+// origin: the CSP sandbox gives the page an opaque origin, but browsers
+// still apply cookies, Clear-Site-Data and redirects of the response.
+// Path-only redirects stay inside the preview.
+func (pr *project) scrubAppHeaders(res *http.Response) error {
+	h := res.Header
+	for _, k := range []string{"Set-Cookie", "Set-Cookie2", "Clear-Site-Data", "Refresh", "Content-Security-Policy",
+		"Content-Security-Policy-Report-Only", "Service-Worker-Allowed", "Strict-Transport-Security", "Alt-Svc"} {
+		h.Del(k)
+	}
+	if loc := h.Get("Location"); loc != "" {
+		u, err := url.Parse(loc)
+		switch {
+		case err != nil || u.Scheme != "" || u.Host != "" || strings.HasPrefix(loc, "//") || strings.ContainsRune(loc, '\\'):
+			h.Del("Location")
+		case strings.HasPrefix(u.Path, "/"):
+			h.Set("Location", files.PreviewPrefix+pr.id+loc)
+		}
+	}
+	return nil
 }
