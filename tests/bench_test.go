@@ -64,6 +64,15 @@ func BenchmarkEngine(b *testing.B) {
 		{"process_warm_print1", func(b *testing.B) time.Duration {
 			return timed(func() { benchRun(b, pc, map[string]any{"session_id": pwarm, "language": "python", "code": "print(1)"}) })
 		}},
+		{"baseline_get_usage_process_broker", func(b *testing.B) time.Duration {
+			// The same broker's cost of a tool call with no sandbox at all:
+			// transport, identity, rate limit, two audit rows.
+			return timed(func() {
+				if res := callTool(b, pc, "get_usage", nil); res.IsError {
+					b.Fatalf("get_usage: %+v", res.Content)
+				}
+			})
+		}},
 		{"baseline_host_python_print1", func(b *testing.B) time.Duration {
 			// A fresh interpreter on the host (the one the process backend
 			// mounts), no sandbox and no MCP.
@@ -135,7 +144,7 @@ func benchRun(b testing.TB, c *client.Client, args map[string]any) string {
 	res := callTool(b, c, "run_code", args)
 	resultJSON(b, res, &r)
 	if res.IsError || !r.Success {
-		b.Fatalf("run failed: %+v", r)
+		b.Fatalf("run failed: %+v %+v", r, res.Content)
 	}
 	return r.SessionID
 }

@@ -279,6 +279,12 @@ func (s *sbx) sessions() map[int]bool {
 	}
 	out := map[int]bool{}
 	for _, p := range tree {
+		// The session is the whole process's: a live leader answers for
+		// its threads. Only a dead leader's threads are read one by one.
+		if st, ok := procStat(p.pid, p.pid); ok && st.Live() {
+			out[st.Session] = true
+			continue
+		}
 		tasks, _ := os.ReadDir(fmt.Sprintf("/proc/%d/task", p.pid))
 		for _, t := range tasks {
 			tid, err := strconv.Atoi(t.Name())
