@@ -67,6 +67,7 @@ type Config struct {
 	MaxPerSession  int   `env:"SANDBOX_MAX_PER_SESSION" validate:"min=1,max=100,ltefield=MaxConcurrent"`
 	JobLogMaxBytes int64 `env:"SANDBOX_JOB_LOG_MAX_BYTES" validate:"min=65536,max=1073741824"`
 	ProcessUID     int   `env:"SANDBOX_PROCESS_UID" validate:"min=1,max=4294967294"`
+	ProcessUIDs    int   `env:"SANDBOX_PROCESS_UIDS" validate:"min=1,max=16777216"`
 	EgressMaxConns int   `env:"EGRESS_MAX_CONNS" validate:"min=1,max=10000"`
 	EgressMaxMB    int64 `env:"EGRESS_MAX_MB" validate:"min=1,max=1048576"`
 	// Hosted project sandboxes; without CSB_API_KEY projects run locally.
@@ -108,7 +109,8 @@ func Defaults() Config {
 		MaxConcurrent:   10,
 		MaxPerSession:   5,
 		JobLogMaxBytes:  8 << 20,
-		ProcessUID:      65534,
+		ProcessUID:      1_900_000_000,
+		ProcessUIDs:     65536,
 		EgressMaxConns:  32,
 		EgressMaxMB:     256,
 		GitHubAPIURL:    "https://api.github.com/",

@@ -137,7 +137,18 @@ func StartHTTP(t testing.TB, o BrokerOpts) *Broker {
 		}
 		_ = cmd.Wait()
 	}()
-	t.Cleanup(func() { b.Stop(t) })
+	t.Cleanup(func() {
+		b.Stop(t)
+		if t.Failed() { // what the broker said beyond debug, for CI logs
+			var lines []string
+			for _, l := range strings.Split(b.logs.String(), "\n") {
+				if strings.Contains(l, `"level":"warn"`) || strings.Contains(l, `"level":"error"`) {
+					lines = append(lines, l)
+				}
+			}
+			t.Logf("broker warnings and errors:\n%s", strings.Join(lines[max(0, len(lines)-40):], "\n"))
+		}
+	})
 	select {
 	case addr := <-addrc:
 		b.URL = "http://" + addr

@@ -145,6 +145,7 @@ func (b *Broker) openBackend(ctx context.Context, cfg config.Config, agentBin st
 		AgentBinary: agentBin,
 		UID:         cfg.ProcessUID,
 		GID:         cfg.ProcessUID,
+		UIDs:        cfg.ProcessUIDs,
 		MemoryBytes: cfg.MemoryMB << 20,
 		PidsLimit:   cfg.PidsLimit,
 		CPUMilli:    int64(cfg.CPUs),

@@ -137,10 +137,10 @@ func (b *Backend) agentCommand() []string {
 // sysProcAttr is how the broker starts bwrap (or the wrapper that execs
 // it): in a session of its own, killed with the broker, as the sandbox uid
 // with no supplementary groups when the broker is root.
-func (b *Backend) sysProcAttr() *syscall.SysProcAttr {
+func (b *Backend) sysProcAttr(uid, gid int) *syscall.SysProcAttr {
 	a := &syscall.SysProcAttr{Setsid: true, Pdeathsig: syscall.SIGKILL}
 	if os.Geteuid() == 0 {
-		a.Credential = &syscall.Credential{Uid: uint32(b.uid), Gid: uint32(b.gid), Groups: []uint32{}}
+		a.Credential = &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid), Groups: []uint32{}}
 	}
 	return a
 }

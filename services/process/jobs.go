@@ -54,7 +54,7 @@ func (s *Session) StartJob(ctx context.Context, spec sandbox.JobSpec, sink sandb
 	var ln net.Listener
 	if spec.Egress != nil {
 		name := "egress-" + newID() + ".sock"
-		ln, err = s.b.egressListener(filepath.Join(sb.runDir, name))
+		ln, err = s.b.egressListener(filepath.Join(sb.runDir, name), sb.uid, sb.gid)
 		if err != nil {
 			return nil, brokererr.Wrap(err, brokererr.Unavailable, "cannot create the job's network path")
 		}
@@ -106,13 +106,13 @@ func jobError(err error) error {
 // so nothing here follows one: the socket's mode comes from bind(2) (0777
 // less the umask: only the owner may connect when the umask is 022), and
 // the owner is set with lchown(2). Close unlinks the name, never a target.
-func (b *Backend) egressListener(p string) (net.Listener, error) {
+func (b *Backend) egressListener(p string, uid, gid int) (net.Listener, error) {
 	ln, err := net.Listen("unix", p)
 	if err != nil {
 		return nil, err
 	}
 	if os.Geteuid() == 0 {
-		if err := os.Lchown(p, b.uid, b.gid); err != nil {
+		if err := os.Lchown(p, uid, gid); err != nil {
 			ln.Close()
 			return nil, err
 		}

@@ -13,6 +13,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"maps"
 	"os"
 	"os/exec"
@@ -41,19 +42,27 @@ type Options struct {
 	// copy at <Root>/bin/sandbox-agent (unless it already is that file),
 	// which is bind-mounted read-only at AgentPath.
 	AgentBinary string
-	// UID is the host uid sandboxes run as when the broker is root
-	// (SANDBOX_PROCESS_UID, default 65534); GID defaults to UID. When the
+	// UID is the first host uid sandboxes run as when the broker is root
+	// (SANDBOX_PROCESS_UID); each session gets its own uid (and gid) in
+	// [UID, UID+UIDs), picked from its workspace ID, so RLIMIT_NPROC and
+	// kill(2) permissions are per session. GID defaults to UID. When the
 	// broker is not root, sandboxes run as the broker's own uid and gid.
 	UID, GID int
+	UIDs     int // size of the range (SANDBOX_PROCESS_UIDS); default 65536
 	// Bwrap is the bubblewrap binary (default /usr/bin/bwrap).
 	Bwrap string
 
 	// Per-process rlimits.
-	MemoryBytes  int64 // cgroup memory limit (default 512 MiB)
-	AddressSpace int64 // RLIMIT_AS (default max(2 GiB, 2×MemoryBytes)); node needs ~1 GiB of address space
+	MemoryBytes int64 // cgroup memory limit (default 512 MiB)
+	// RLIMIT_AS (default max(4 GiB, 2×MemoryBytes)). It is a per-process
+	// backstop (the cgroup bounds memory): node reserves ~1 GiB, and the
+	// agent, a Go binary, ~1.3 GiB, or ~2 GiB built with cgo (8 MiB
+	// thread stacks and malloc arenas), so 2 GiB left it no room for a
+	// new thread.
+	AddressSpace int64
 	CPUSeconds   int64 // RLIMIT_CPU (default 3600; the agent enforces each run's wall-clock timeout)
 	NoFile       int64 // RLIMIT_NOFILE (default 1024)
-	NProc        int64 // RLIMIT_NPROC (default 512); counted per host uid, so shared by every sandbox of that uid
+	NProc        int64 // RLIMIT_NPROC (default 512); counted per host uid, so per session
 	FSizeBytes   int64 // RLIMIT_FSIZE (default 256 MiB)
 	// Cgroup limits, applied when a cgroup is available.
 	PidsLimit int64 // pids.max (default 256)
@@ -69,9 +78,10 @@ type Options struct {
 }
 
 const (
-	defaultUID          = 65534
+	defaultUID          = 1_900_000_000 // above systemd's container range, clear of subuid ranges
+	defaultUIDs         = 65536
 	defaultMemory       = 512 << 20
-	minAddressSpace     = 2 << 30
+	minAddressSpace     = 4 << 30
 	defaultCPUSeconds   = 3600
 	defaultNoFile       = 1024
 	defaultNProc        = 512
@@ -100,8 +110,9 @@ const (
 type Backend struct {
 	o       Options
 	log     zerolog.Logger
-	uid     int // host uid of sandboxes
+	uid     int // first host uid of sandboxes (see Options.UID)
 	gid     int
+	uids    int // size of the uid range; 1 when the broker is not root
 	etcDir  string
 	agent   string            // installed agent binary
 	prlimit string            // prlimit(1)
@@ -143,12 +154,15 @@ func New(ctx context.Context, o Options) (*Backend, error) {
 		live: map[*sbx]bool{},
 	}
 	if os.Geteuid() == 0 {
-		b.uid, b.gid = o.UID, o.GID
+		b.uid, b.gid, b.uids = o.UID, o.GID, o.UIDs
+		if int64(b.uid)+int64(b.uids)-1 > 4294967294 || int64(b.gid)+int64(b.uids)-1 > 4294967294 {
+			return nil, errors.New("process: the sandbox uid range passes 4294967294")
+		}
 		if b.uid == 0 || b.gid == 0 {
 			return nil, errors.New("process: sandboxes must not run as root (UID/GID 0)")
 		}
 	} else {
-		b.uid, b.gid = os.Geteuid(), os.Getegid()
+		b.uid, b.gid, b.uids = os.Geteuid(), os.Getegid(), 1
 	}
 	if st, err := os.Stat(o.Bwrap); err != nil || !st.Mode().IsRegular() {
 		return nil, brokererr.Wrap(err, brokererr.Unavailable, "bubblewrap (%s) is not installed", o.Bwrap)
@@ -198,6 +212,9 @@ func withDefaults(o Options) Options {
 	}
 	if o.GID <= 0 {
 		o.GID = o.UID
+	}
+	if o.UIDs <= 0 {
+		o.UIDs = defaultUIDs
 	}
 	if o.Bwrap == "" {
 		o.Bwrap = "/usr/bin/bwrap"
@@ -345,7 +362,7 @@ func (b *Backend) probe(ctx context.Context) error {
 	runDir := filepath.Join(b.o.Root, "run", "p-"+id)
 	ws := runDir + ".probe"
 	for _, d := range []string{runDir, ws} {
-		if err := b.prepareDir(d); err != nil {
+		if err := b.prepareDir(d, b.uid, b.gid); err != nil {
 			return fmt.Errorf("process: probe: %w", err)
 		}
 	}
@@ -356,7 +373,7 @@ func (b *Backend) probe(ctx context.Context) error {
 	}()
 	args := b.bwrapArgs(ws, runDir, []string{"/usr/bin/true"})
 	cmd := exec.CommandContext(ctx, b.o.Bwrap, args...)
-	cmd.SysProcAttr = b.sysProcAttr()
+	cmd.SysProcAttr = b.sysProcAttr(b.uid, b.gid)
 	cmd.Env = []string{}
 	cmd.Dir = "/"
 	out, err := cmd.CombinedOutput()
@@ -371,13 +388,24 @@ func (b *Backend) probe(ctx context.Context) error {
 	return nil
 }
 
-// prepareDir makes dir (if needed) owned by the sandbox user, mode 0700.
-func (b *Backend) prepareDir(dir string) error {
+// sessionIDs returns the host uid and gid of workspace id's sandboxes.
+func (b *Backend) sessionIDs(id string) (uid, gid int) {
+	if b.uids <= 1 {
+		return b.uid, b.gid
+	}
+	h := fnv.New32a()
+	h.Write([]byte(id))
+	off := int(h.Sum32() % uint32(b.uids))
+	return b.uid + off, b.gid + off
+}
+
+// prepareDir makes dir (if needed) owned by uid:gid, mode 0700.
+func (b *Backend) prepareDir(dir string, uid, gid int) error {
 	if err := os.Mkdir(dir, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
 		return err
 	}
 	if os.Geteuid() == 0 {
-		if err := os.Lchown(dir, b.uid, b.gid); err != nil {
+		if err := os.Lchown(dir, uid, gid); err != nil {
 			return err
 		}
 	}

@@ -572,7 +572,7 @@ func TestEgressListenerReachableFromSandbox(t *testing.T) {
 	exec1(t, s, "bash", "true", 20*time.Second)
 	sb := current(t, s)
 	name := "egress-" + newID() + ".sock"
-	ln, err := b.egressListener(filepath.Join(sb.runDir, name))
+	ln, err := b.egressListener(filepath.Join(sb.runDir, name), sb.uid, sb.gid)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -581,8 +581,8 @@ func TestEgressListenerReachableFromSandbox(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if st := fi.Sys().(*syscall.Stat_t); fi.Mode()&os.ModeSocket == 0 || int(st.Uid) != b.uid {
-		t.Fatalf("socket mode %v owner %d, want a socket owned by %d", fi.Mode(), st.Uid, b.uid)
+	if st := fi.Sys().(*syscall.Stat_t); fi.Mode()&os.ModeSocket == 0 || int(st.Uid) != sb.uid {
+		t.Fatalf("socket mode %v owner %d, want a socket owned by the session's uid %d", fi.Mode(), st.Uid, sb.uid)
 	}
 	got := make(chan string, 1)
 	go func() {
@@ -630,4 +630,62 @@ func BenchmarkExecPrint(b *testing.B) {
 	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
 	b.ReportMetric(float64(lat[len(lat)/2].Microseconds())/1000, "p50-ms")
 	b.ReportMetric(float64(lat[len(lat)*95/100].Microseconds())/1000, "p95-ms")
+}
+
+// Each session runs as a host uid of its own, so one session's processes
+// count against its own RLIMIT_NPROC, and it cannot signal another's.
+func TestSessionsRunAsTheirOwnHostUIDs(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("per-session uids need a root broker")
+	}
+	b := newBackend(t, func(o *Options) { o.NProc = 40 })
+	s1, s2 := open(t, b), open(t, b)
+	uidOf := func(s *Session) int {
+		out := exec1(t, s, "bash", "echo started", 20*time.Second)
+		if string(out.Stdout) != "started\n" {
+			t.Fatalf("run: %+v", out)
+		}
+		return current(t, s).uid
+	}
+	u1, u2 := uidOf(s1), uidOf(s2)
+	if u1 == u2 || u1 < b.uid || u1 >= b.uid+b.uids || u2 < b.uid || u2 >= b.uid+b.uids {
+		t.Fatalf("uids %d and %d (range %d+%d)", u1, u2, b.uid, b.uids)
+	}
+	// The same workspace keeps its uid (its files stay writable).
+	if a, _ := b.sessionIDs(s1.ref.WorkspaceID); a != u1 {
+		t.Fatalf("uid %d, then %d", u1, a)
+	}
+	// While s1 holds every process its limit allows, s2 still starts some.
+	hog := `import os, time
+n = 0
+try:
+    while n < 1000:
+        if os.fork() == 0:
+            time.sleep(20)
+            os._exit(0)
+        n += 1
+except OSError:
+    pass
+open("hogging", "w").write(str(n))
+time.sleep(20)
+`
+	hogDone := make(chan sandbox.ExecResult, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		res, _ := s1.Exec(ctx, sandbox.ExecRequest{Language: "python", Code: hog, Timeout: 5 * time.Second, MaxOutputBytes: 1 << 10})
+		hogDone <- res
+	}()
+	marker := filepath.Join(s1.ref.Dir, "hogging")
+	waitFor(t, 20*time.Second, "s1 to reach its process limit", func() bool { _, err := os.Stat(marker); return err == nil })
+	if n, _ := os.ReadFile(marker); string(n) == "1000" {
+		t.Fatalf("s1 was not limited: %s processes", n)
+	}
+	res := exec1(t, s2, "bash", "for i in 1 2 3 4 5; do sleep 0.1 & done; wait; echo ok", 20*time.Second)
+	if string(res.Stdout) != "ok\n" {
+		t.Fatalf("s2 starved by s1's processes: %+v", res)
+	}
+	if r := <-hogDone; !r.TimedOut {
+		t.Fatalf("hog: %+v", r)
+	}
 }

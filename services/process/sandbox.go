@@ -25,6 +25,8 @@ type sbx struct {
 	pid     int    // outer bwrap (host pid)
 	start   uint64 // its start time, so a recycled pid is never killed
 	cg      *cgroup
+	uid     int // host uid and gid it runs as (the session's)
+	gid     int
 	exited  chan struct{} // closed once bwrap has been waited for
 	stderr  *tailBuffer
 
@@ -50,7 +52,7 @@ const wrapperScript = `read -r x <&3 && [ "$x" = go ] && exec "$@" 3<&-; exit 11
 
 // start launches a sandbox with workspaceDir at /mnt/data and waits for its
 // agent (and, for python, its warm zygote).
-func (b *Backend) start(ctx context.Context, workspaceDir string) (*sbx, error) {
+func (b *Backend) start(ctx context.Context, workspaceDir string, uid, gid int) (*sbx, error) {
 	b.mu.Lock()
 	closed := b.closed
 	b.mu.Unlock()
@@ -64,13 +66,15 @@ func (b *Backend) start(ctx context.Context, workspaceDir string) (*sbx, error) 
 		exited:  make(chan struct{}),
 		stderr:  &tailBuffer{max: 2048},
 		pidFile: filepath.Join(b.o.Root, "run", "p-"+id+".pid"),
+		uid:     uid,
+		gid:     gid,
 	}
 	cleanup := func() {
 		_ = os.RemoveAll(s.runDir)
 		_ = os.Remove(s.pidFile)
 		_ = s.cg.remove()
 	}
-	if err := b.prepareDir(s.runDir); err != nil {
+	if err := b.prepareDir(s.runDir, uid, gid); err != nil {
 		cleanup()
 		return nil, brokererr.Wrap(err, brokererr.InternalError, "cannot create the sandbox run directory")
 	}
@@ -95,7 +99,7 @@ func (b *Backend) start(ctx context.Context, workspaceDir string) (*sbx, error) 
 		Dir:         "/",
 		Stderr:      s.stderr,
 		ExtraFiles:  []*os.File{r},
-		SysProcAttr: b.sysProcAttr(),
+		SysProcAttr: b.sysProcAttr(uid, gid),
 		WaitDelay:   2 * time.Second,
 	}
 	err = cmd.Start()

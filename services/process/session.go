@@ -86,7 +86,8 @@ func (s *Session) sandbox(ctx context.Context) (*sbx, error) {
 		return nil, err
 	}
 	_ = w.Close()
-	sb, err := s.b.start(ctx, s.ref.Dir)
+	uid, gid := s.b.sessionIDs(s.ref.WorkspaceID)
+	sb, err := s.b.start(ctx, s.ref.Dir, uid, gid)
 	if err != nil {
 		return nil, err
 	}
@@ -207,7 +208,7 @@ func (s *Session) hasStrays(sb *sbx, before map[int]bool) bool {
 
 // openWorkspace opens the session's workspace, creating it on first use.
 func (s *Session) openWorkspace() (*workspace.Workspace, error) {
-	own := workspace.WithOwner(s.b.uid, s.b.gid)
+	own := workspace.WithOwner(s.b.sessionIDs(s.ref.WorkspaceID))
 	if _, err := os.Lstat(s.ref.Dir); errors.Is(err, fs.ErrNotExist) {
 		// bwrap runs as the sandbox uid and must reach the workspace.
 		if err := os.MkdirAll(filepath.Dir(s.ref.Dir), 0o711); err != nil {
