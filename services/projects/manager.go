@@ -144,22 +144,33 @@ func (m *Manager) Create(ctx context.Context, principal string, req CreateReques
 	}
 	m.pending[principal]++
 	m.mu.Unlock()
-	defer func() {
+	// The row replaces the reservation under the same lock as the check,
+	// so no check sees both or neither.
+	settle := func(insert func() error) error {
 		m.mu.Lock()
+		defer m.mu.Unlock()
+		var err error
+		if insert != nil {
+			err = insert()
+		}
 		if m.pending[principal]--; m.pending[principal] == 0 {
 			delete(m.pending, principal)
 		}
-		m.mu.Unlock()
-	}()
+		return err
+	}
 	sb, err := m.p.Create(ctx, req)
 	if err != nil {
+		_ = settle(nil)
 		return Record{}, nil, err
 	}
 	now := m.now()
 	rec := Record{ID: sb.ID(), ProjectName: req.ProjectName, Template: req.Template, Provider: m.p.Name(),
 		CreatedAt: now.UTC().Format(time.RFC3339), ExpiresAt: now.Add(m.ttl).UTC().Format(time.RFC3339)}
-	if _, err := m.db.ExecContext(ctx, `INSERT INTO projects(id, principal, provider, project_name, template, created_at, expires_at) VALUES(?,?,?,?,?,?,?)`,
-		rec.ID, principal, rec.Provider, rec.ProjectName, rec.Template, now.Unix(), now.Add(m.ttl).Unix()); err != nil {
+	if err := settle(func() error {
+		_, err := m.db.ExecContext(ctx, `INSERT INTO projects(id, principal, provider, project_name, template, created_at, expires_at) VALUES(?,?,?,?,?,?,?)`,
+			rec.ID, principal, rec.Provider, rec.ProjectName, rec.Template, now.Unix(), now.Add(m.ttl).Unix())
+		return err
+	}); err != nil {
 		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
 		_ = m.p.Destroy(dctx, rec.ID)
 		cancel()
