@@ -423,6 +423,23 @@ func (p *Proxy) dial(ctx context.Context, t target) (net.Conn, error) {
 	return nil, last
 }
 
+// open checks host:port against the policy and dials the checked address,
+// answering the client itself when either fails (ok is then false).
+func (p *Proxy) open(ctx context.Context, c net.Conn, br *bufio.Reader, d *Decision, host string, port int) (target, net.Conn, bool) {
+	t, status, msg := p.check(ctx, d, host, port)
+	if status != 0 {
+		p.deny(c, br, *d, status, msg)
+		return t, nil, false
+	}
+	up, err := p.dial(ctx, t)
+	if err != nil {
+		d.Reason = ReasonDialFailed
+		p.deny(c, br, *d, http.StatusBadGateway, fmt.Sprintf("could not connect to %s", hostPort(t)))
+		return t, nil, false
+	}
+	return t, up, true
+}
+
 func (p *Proxy) connect(ctx context.Context, c net.Conn, cm *meter, br *bufio.Reader, req *http.Request) {
 	d := Decision{Kind: "connect"}
 	host, port, err := splitHostPort(req.RequestURI, 0)
@@ -431,15 +448,8 @@ func (p *Proxy) connect(ctx context.Context, c net.Conn, cm *meter, br *bufio.Re
 		p.deny(c, br, d, http.StatusBadRequest, "CONNECT needs host:port")
 		return
 	}
-	t, status, msg := p.check(ctx, &d, host, port)
-	if status != 0 {
-		p.deny(c, br, d, status, msg)
-		return
-	}
-	up, err := p.dial(ctx, t)
-	if err != nil {
-		d.Reason = ReasonDialFailed
-		p.deny(c, br, d, http.StatusBadGateway, fmt.Sprintf("could not connect to %s", hostPort(t)))
+	t, up, ok := p.open(ctx, c, br, &d, host, port)
+	if !ok {
 		return
 	}
 	defer up.Close()
@@ -569,15 +579,8 @@ func (p *Proxy) forward(ctx context.Context, c net.Conn, cm *meter, br *bufio.Re
 		p.deny(c, br, d, http.StatusBadRequest, "malformed URL host")
 		return
 	}
-	t, status, msg := p.check(ctx, &d, host, port)
-	if status != 0 {
-		p.deny(c, br, d, status, msg)
-		return
-	}
-	up, err := p.dial(ctx, t)
-	if err != nil {
-		d.Reason = ReasonDialFailed
-		p.deny(c, br, d, http.StatusBadGateway, fmt.Sprintf("could not connect to %s", hostPort(t)))
+	t, up, ok := p.open(ctx, c, br, &d, host, port)
+	if !ok {
 		return
 	}
 	defer up.Close()
