@@ -94,6 +94,7 @@ func (b *Broker) openEngine(ctx context.Context, cfg config.Config) error {
 		return fmt.Errorf("open jobs: %w", err)
 	}
 	b.checks = append(b.checks, check{"jobs", b.jobs.Ping})
+	b.loop(func(ctx context.Context) { b.jobs.RunPruner(ctx, time.Hour) })
 	b.loop(func(ctx context.Context) {
 		b.sandboxes.RunReaper(ctx, reapEvery(time.Duration(cfg.IdleTimeoutMS)*time.Millisecond))
 	})

@@ -21,8 +21,10 @@ package files
 
 import (
 	"crypto/hmac"
+	"crypto/rand"
 	"crypto/sha256"
 	"encoding/base64"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"net/url"
@@ -130,6 +132,14 @@ func mac(key []byte, kid, workspaceID, escapedPath, exp string) []byte {
 	m := hmac.New(sha256.New, key)
 	m.Write([]byte("v1\n" + kid + "\nGET\n" + workspaceID + "\n" + escapedPath + "\n" + exp))
 	return m.Sum(nil)
+}
+
+// NewWorkspaceID returns a workspace (or project) ID: 128 random bits as
+// 32 lowercase hex digits, unrelated to any name a caller chose.
+func NewWorkspaceID() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails (Go 1.24+)
+	return hex.EncodeToString(b[:])
 }
 
 // ValidWorkspaceID reports whether id is 32 lowercase hex digits.

@@ -47,7 +47,6 @@ const CancelGrace = 5 * time.Second
 const (
 	signalTimeout = 10 * time.Second
 	stdinTimeout  = 30 * time.Second
-	pruneEvery    = time.Hour
 )
 
 // restartReason is recorded for jobs that were running when the broker stopped.
@@ -74,7 +73,6 @@ type Manager struct {
 	perSession map[string]int
 	closing    bool // Close kills live jobs: they end as error, with the reason
 	wg         sync.WaitGroup
-	stopPrune  chan struct{}
 }
 
 type job struct {
@@ -155,27 +153,26 @@ func Open(ctx context.Context, o Options) (*Manager, error) {
 		db.Close()
 		return nil, err
 	}
-	// Ended jobs' logs go after Retention, not only at the next start.
-	m.stopPrune = make(chan struct{})
-	m.wg.Add(1)
-	go func(stop <-chan struct{}) {
-		defer m.wg.Done()
-		t := time.NewTicker(pruneEvery)
-		defer t.Stop()
-		for {
-			select {
-			case <-stop:
-				return
-			case <-t.C:
-				pctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-				if err := m.prune(pctx, m.o.Now()); err != nil {
-					m.o.Log.Warn().Msg("job_prune_failed")
-				}
-				cancel()
-			}
-		}
-	}(m.stopPrune)
 	return m, nil
+}
+
+// RunPruner deletes ended jobs older than Retention every interval until
+// ctx ends, so their logs go without waiting for the next start.
+func (m *Manager) RunPruner(ctx context.Context, every time.Duration) {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			pctx, cancel := context.WithTimeout(ctx, time.Minute)
+			if err := m.prune(pctx, m.o.Now()); err != nil {
+				m.o.Log.Warn().Msg("job_prune_failed")
+			}
+			cancel()
+		}
+	}
 }
 
 // recover closes out jobs a previous broker left running.
@@ -238,10 +235,6 @@ func (m *Manager) Ping(ctx context.Context) error { return m.db.PingContext(ctx)
 // Close kills live jobs (their status becomes error) and closes the store.
 func (m *Manager) Close(ctx context.Context) error {
 	m.mu.Lock()
-	if m.stopPrune != nil {
-		close(m.stopPrune)
-		m.stopPrune = nil
-	}
 	m.closing = true
 	live := make([]*job, 0, len(m.live))
 	for _, j := range m.live {

@@ -54,7 +54,7 @@ func (s *Session) StartJob(ctx context.Context, spec sandbox.JobSpec, sink sandb
 	var ln net.Listener
 	if spec.Egress != nil {
 		name := "egress-" + newID() + ".sock"
-		ln, err = s.b.egressListener(filepath.Join(sb.runDir, name), sb.uid, sb.gid)
+		ln, err = s.b.egressListener(filepath.Join(sb.runDir, name), s.uid, s.gid)
 		if err != nil {
 			return nil, brokererr.Wrap(err, brokererr.Unavailable, "cannot create the job's network path")
 		}

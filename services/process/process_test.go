@@ -572,7 +572,7 @@ func TestEgressListenerReachableFromSandbox(t *testing.T) {
 	exec1(t, s, "bash", "true", 20*time.Second)
 	sb := current(t, s)
 	name := "egress-" + newID() + ".sock"
-	ln, err := b.egressListener(filepath.Join(sb.runDir, name), sb.uid, sb.gid)
+	ln, err := b.egressListener(filepath.Join(sb.runDir, name), s.uid, s.gid)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -581,8 +581,8 @@ func TestEgressListenerReachableFromSandbox(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if st := fi.Sys().(*syscall.Stat_t); fi.Mode()&os.ModeSocket == 0 || int(st.Uid) != sb.uid {
-		t.Fatalf("socket mode %v owner %d, want a socket owned by the session's uid %d", fi.Mode(), st.Uid, sb.uid)
+	if st := fi.Sys().(*syscall.Stat_t); fi.Mode()&os.ModeSocket == 0 || int(st.Uid) != s.uid {
+		t.Fatalf("socket mode %v owner %d, want a socket owned by the session's uid %d", fi.Mode(), st.Uid, s.uid)
 	}
 	got := make(chan string, 1)
 	go func() {
@@ -645,7 +645,21 @@ func TestSessionsRunAsTheirOwnHostUIDs(t *testing.T) {
 		if string(out.Stdout) != "started\n" {
 			t.Fatalf("run: %+v", out)
 		}
-		return current(t, s).uid
+		// The real uid of the sandbox's outer process, as the kernel sees it.
+		status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", current(t, s).pid))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var uid int
+		for _, l := range strings.Split(string(status), "\n") {
+			if f := strings.Fields(l); len(f) > 1 && f[0] == "Uid:" {
+				uid, _ = strconv.Atoi(f[1])
+			}
+		}
+		if uid != s.uid {
+			t.Fatalf("sandbox runs as uid %d, session's is %d", uid, s.uid)
+		}
+		return uid
 	}
 	u1, u2 := uidOf(s1), uidOf(s2)
 	if u1 == u2 || u1 < b.uid || u1 >= b.uid+b.uids || u2 < b.uid || u2 >= b.uid+b.uids {

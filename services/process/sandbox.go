@@ -25,8 +25,6 @@ type sbx struct {
 	pid     int    // outer bwrap (host pid)
 	start   uint64 // its start time, so a recycled pid is never killed
 	cg      *cgroup
-	uid     int // host uid and gid it runs as (the session's)
-	gid     int
 	exited  chan struct{} // closed once bwrap has been waited for
 	stderr  *tailBuffer
 
@@ -66,8 +64,6 @@ func (b *Backend) start(ctx context.Context, workspaceDir string, uid, gid int) 
 		exited:  make(chan struct{}),
 		stderr:  &tailBuffer{max: 2048},
 		pidFile: filepath.Join(b.o.Root, "run", "p-"+id+".pid"),
-		uid:     uid,
-		gid:     gid,
 	}
 	cleanup := func() {
 		_ = os.RemoveAll(s.runDir)

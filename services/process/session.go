@@ -21,8 +21,9 @@ import (
 // every language, started on first use and restarted when it died or was
 // retired. It implements sandbox.Session and sandbox.JobRunner.
 type Session struct {
-	b   *Backend
-	ref sandbox.SessionRef
+	b        *Backend
+	ref      sandbox.SessionRef
+	uid, gid int // host ids of its sandboxes (see Backend.sessionIDs)
 
 	runMu sync.Mutex // serialises Exec (the agent runs one request at a time)
 
@@ -50,7 +51,9 @@ func (b *Backend) Open(ctx context.Context, ref sandbox.SessionRef) (sandbox.Ses
 	if closed {
 		return nil, brokererr.New(brokererr.Unavailable, "the process sandbox backend is shut down")
 	}
-	return &Session{b: b, ref: ref}, nil
+	s := &Session{b: b, ref: ref}
+	s.uid, s.gid = b.sessionIDs(ref.WorkspaceID)
+	return s, nil
 }
 
 func validWorkspaceID(s string) bool {
@@ -86,8 +89,7 @@ func (s *Session) sandbox(ctx context.Context) (*sbx, error) {
 		return nil, err
 	}
 	_ = w.Close()
-	uid, gid := s.b.sessionIDs(s.ref.WorkspaceID)
-	sb, err := s.b.start(ctx, s.ref.Dir, uid, gid)
+	sb, err := s.b.start(ctx, s.ref.Dir, s.uid, s.gid)
 	if err != nil {
 		return nil, err
 	}
@@ -208,7 +210,7 @@ func (s *Session) hasStrays(sb *sbx, before map[int]bool) bool {
 
 // openWorkspace opens the session's workspace, creating it on first use.
 func (s *Session) openWorkspace() (*workspace.Workspace, error) {
-	own := workspace.WithOwner(s.b.sessionIDs(s.ref.WorkspaceID))
+	own := workspace.WithOwner(s.uid, s.gid)
 	if _, err := os.Lstat(s.ref.Dir); errors.Is(err, fs.ErrNotExist) {
 		// bwrap runs as the sandbox uid and must reach the workspace.
 		if err := os.MkdirAll(filepath.Dir(s.ref.Dir), 0o711); err != nil {

@@ -144,33 +144,24 @@ func (m *Manager) Create(ctx context.Context, principal string, req CreateReques
 	}
 	m.pending[principal]++
 	m.mu.Unlock()
-	// The row replaces the reservation under the same lock as the check,
-	// so no check sees both or neither.
-	settle := func(insert func() error) error {
-		m.mu.Lock()
-		defer m.mu.Unlock()
-		var err error
-		if insert != nil {
-			err = insert()
-		}
-		if m.pending[principal]--; m.pending[principal] == 0 {
-			delete(m.pending, principal)
-		}
-		return err
-	}
 	sb, err := m.p.Create(ctx, req)
 	if err != nil {
-		_ = settle(nil)
+		m.mu.Lock()
+		m.unreserveLocked(principal)
+		m.mu.Unlock()
 		return Record{}, nil, err
 	}
 	now := m.now()
 	rec := Record{ID: sb.ID(), ProjectName: req.ProjectName, Template: req.Template, Provider: m.p.Name(),
 		CreatedAt: now.UTC().Format(time.RFC3339), ExpiresAt: now.Add(m.ttl).UTC().Format(time.RFC3339)}
-	if err := settle(func() error {
-		_, err := m.db.ExecContext(ctx, `INSERT INTO projects(id, principal, provider, project_name, template, created_at, expires_at) VALUES(?,?,?,?,?,?,?)`,
-			rec.ID, principal, rec.Provider, rec.ProjectName, rec.Template, now.Unix(), now.Add(m.ttl).Unix())
-		return err
-	}); err != nil {
+	// The row replaces the reservation under the check's lock, so no check
+	// counts both or neither.
+	m.mu.Lock()
+	_, err = m.db.ExecContext(ctx, `INSERT INTO projects(id, principal, provider, project_name, template, created_at, expires_at) VALUES(?,?,?,?,?,?,?)`,
+		rec.ID, principal, rec.Provider, rec.ProjectName, rec.Template, now.Unix(), now.Add(m.ttl).Unix())
+	m.unreserveLocked(principal)
+	m.mu.Unlock()
+	if err != nil {
 		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
 		_ = m.p.Destroy(dctx, rec.ID)
 		cancel()
@@ -178,6 +169,13 @@ func (m *Manager) Create(ctx context.Context, principal string, req CreateReques
 	}
 	m.log.Info().Str("sandbox_id", rec.ID).Str("template", rec.Template).Str("provider", rec.Provider).Msg("project_created")
 	return rec, sb, nil
+}
+
+// unreserveLocked ends one creation of principal's; the caller holds m.mu.
+func (m *Manager) unreserveLocked(principal string) {
+	if m.pending[principal]--; m.pending[principal] == 0 {
+		delete(m.pending, principal)
+	}
 }
 
 func notFound(id string) error {

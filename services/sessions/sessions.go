@@ -20,6 +20,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/sandbox-broker/sandbox-broker/services/brokererr"
+	"github.com/sandbox-broker/sandbox-broker/services/files"
 	"github.com/sandbox-broker/sandbox-broker/services/sandbox"
 	"github.com/sandbox-broker/sandbox-broker/services/statedb"
 )
@@ -160,12 +161,6 @@ func NewID() string {
 	return "sess_" + hex.EncodeToString(b[:])
 }
 
-func newWorkspaceID() string {
-	var b [16]byte
-	_, _ = rand.Read(b[:])
-	return hex.EncodeToString(b[:])
-}
-
 // Acquire returns the caller's session, creating it when create is true and
 // it does not exist (an empty id generates one). Another principal's session
 // is indistinguishable from a missing one.
@@ -241,7 +236,7 @@ func (m *Manager) lookup(ctx context.Context, principal, id string) (string, err
 }
 
 func (m *Manager) insert(ctx context.Context, principal, id string) (string, error) {
-	wid := newWorkspaceID()
+	wid := files.NewWorkspaceID()
 	now := m.o.Now().Unix()
 	_, err := m.db.ExecContext(ctx, `INSERT INTO sessions(principal, session_id, workspace_id, created_at, last_used_at) VALUES(?,?,?,?,?)`,
 		principal, id, wid, now, now)

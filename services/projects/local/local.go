@@ -7,8 +7,6 @@ package local
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -25,6 +23,7 @@ import (
 	"github.com/sandbox-broker/sandbox-broker/services/agent"
 	"github.com/sandbox-broker/sandbox-broker/services/brokererr"
 	"github.com/sandbox-broker/sandbox-broker/services/docker"
+	"github.com/sandbox-broker/sandbox-broker/services/files"
 	"github.com/sandbox-broker/sandbox-broker/services/projects"
 	"github.com/sandbox-broker/sandbox-broker/services/sandbox"
 	"github.com/sandbox-broker/sandbox-broker/services/workspace"
@@ -214,29 +213,6 @@ func (p *Provider) Close(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
-// NewID returns a project ID: 32 lowercase hex from crypto/rand.
-func NewID() string {
-	var b [16]byte
-	if _, err := rand.Read(b[:]); err != nil {
-		panic(err)
-	}
-	return hex.EncodeToString(b[:])
-}
-
-// ValidID reports whether s is a project ID (exactly 32 lowercase hex).
-func ValidID(s string) bool {
-	if len(s) != 32 {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f') {
-			return false
-		}
-	}
-	return true
-}
-
 func notFound() error {
 	return brokererr.New(brokererr.SandboxNotFound, "no such project sandbox")
 }
@@ -292,7 +268,7 @@ func (p *Provider) Create(ctx context.Context, req projects.CreateRequest) (proj
 			return nil, err
 		}
 	}
-	id := NewID()
+	id := files.NewWorkspaceID()
 	start := time.Now()
 	pr, err := p.newProject(ctx, id, req.Template, true)
 	if err != nil {
@@ -343,7 +319,7 @@ func (p *Provider) Open(ctx context.Context, id string) (projects.Sandbox, error
 }
 
 func (p *Provider) open(ctx context.Context, id string) (*project, error) {
-	if !ValidID(id) {
+	if !files.ValidWorkspaceID(id) {
 		return nil, notFound()
 	}
 	p.mu.Lock()
@@ -386,7 +362,7 @@ func (p *Provider) open(ctx context.Context, id string) (*project, error) {
 // Destroy implements projects.Provider: the container, the workspace and the
 // metadata go; a missing project is no error.
 func (p *Provider) Destroy(ctx context.Context, id string) error {
-	if !ValidID(id) {
+	if !files.ValidWorkspaceID(id) {
 		return nil
 	}
 	pr, err := p.open(ctx, id)

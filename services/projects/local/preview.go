@@ -3,19 +3,16 @@ package local
 import (
 	"context"
 	"fmt"
-	"mime"
 	"net"
 	"net/http"
 	"net/http/httputil"
 	"net/url"
-	"path"
 	"path/filepath"
 	"strings"
 	"time"
 
 	"github.com/sandbox-broker/sandbox-broker/services/agent"
 	"github.com/sandbox-broker/sandbox-broker/services/files"
-	"github.com/sandbox-broker/sandbox-broker/services/projects"
 	"github.com/sandbox-broker/sandbox-broker/services/workspace"
 )
 
@@ -52,8 +49,7 @@ func (pr *project) withHeaders(h http.Handler) http.Handler {
 }
 
 // serveStatic serves the build output. A request path maps to a file below
-// the output directory through the one path validator and the workspace's
-// no-symlink open: "/" and "dir/" take index.html, "page" also tries
+// the output directory through the workspace's validated, no-symlink open: "/" and "dir/" take index.html, "page" also tries
 // "page.html" and "page/index.html" (Next's static export).
 func (pr *project) serveStatic(w http.ResponseWriter, r *http.Request) {
 	status := http.StatusOK
@@ -84,20 +80,15 @@ func (pr *project) serveStatic(w http.ResponseWriter, r *http.Request) {
 		candidates = []string{rel, rel + ".html", rel + "/index.html"}
 	}
 	for _, c := range candidates {
+		// OpenFile runs the path validator (with the project prefixes) and
+		// refuses symlinks; an invalid name is simply not found.
 		name := pr.outDir() + "/" + c
-		if _, err := workspace.ValidatePath(name, projects.ForbiddenPrefixes...); err != nil {
-			break
-		}
 		f, fi, err := ws.OpenFile(name)
 		if err != nil {
 			continue
 		}
 		defer f.Close()
-		ctype := mime.TypeByExtension(path.Ext(name))
-		if ctype == "" {
-			ctype = "application/octet-stream"
-		}
-		w.Header().Set("Content-Type", ctype)
+		w.Header().Set("Content-Type", workspace.DetectMIME(name, nil))
 		http.ServeContent(w, r, "", fi.ModTime(), f)
 		return
 	}

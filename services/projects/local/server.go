@@ -14,6 +14,7 @@ import (
 	"github.com/sandbox-broker/sandbox-broker/services/agent"
 	"github.com/sandbox-broker/sandbox-broker/services/brokererr"
 	"github.com/sandbox-broker/sandbox-broker/services/docker"
+	"github.com/sandbox-broker/sandbox-broker/services/files"
 	"github.com/sandbox-broker/sandbox-broker/services/projects"
 	"github.com/sandbox-broker/sandbox-broker/services/sandbox"
 )
@@ -74,7 +75,7 @@ func (pr *project) ensureServer(ctx context.Context) error {
 	sctx, cancel := context.WithTimeout(ctx, serverStartTimeout)
 	defer cancel()
 	job, err := jr.StartJob(sctx, sandbox.JobSpec{
-		ID:       NewID(),
+		ID:       files.NewWorkspaceID(),
 		Language: Language,
 		Command:  "exec npm start",
 		Env:      map[string]string{"PREVIEW_SOCKET": path.Join(docker.WorkspacePath, SocketName)},
