@@ -94,10 +94,8 @@ func (b *Broker) openEngine(ctx context.Context, cfg config.Config) error {
 		return fmt.Errorf("open jobs: %w", err)
 	}
 	b.checks = append(b.checks, check{"jobs", b.jobs.Ping})
-	b.loop(func(ctx context.Context) { b.jobs.RunPruner(ctx, time.Hour) })
-	b.loop(func(ctx context.Context) {
-		b.sandboxes.RunReaper(ctx, reapEvery(time.Duration(cfg.IdleTimeoutMS)*time.Millisecond))
-	})
+	b.every(time.Hour, b.jobs.Prune)
+	b.every(reapEvery(time.Duration(cfg.IdleTimeoutMS)*time.Millisecond), b.sandboxes.Reap)
 	return b.openProjects(ctx, cfg, agentBin, dockerOK)
 }
 
@@ -111,6 +109,22 @@ func (b *Broker) loop(fn func(context.Context)) {
 		defer b.loops.Done()
 		fn(b.loopCtx)
 	}()
+}
+
+// every runs fn each interval, in the background, until Close.
+func (b *Broker) every(interval time.Duration, fn func(context.Context)) {
+	b.loop(func(ctx context.Context) {
+		t := time.NewTicker(interval)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				fn(ctx)
+			}
+		}
+	})
 }
 
 // openBackend starts the configured backend; "auto" prefers Docker and
@@ -278,6 +292,6 @@ func (b *Broker) openProjects(ctx context.Context, cfg config.Config, agentBin s
 		return fmt.Errorf("open projects: %w", err)
 	}
 	b.checks = append(b.checks, check{"projects", b.projects.Ping})
-	b.loop(func(ctx context.Context) { b.projects.RunReaper(ctx, time.Minute) })
+	b.every(time.Minute, b.projects.Reap)
 	return nil
 }

@@ -42,21 +42,12 @@ func (b *Broker) openGitHub(ctx context.Context, cfg config.Config, repos []gith
 	b.github = m
 	// A repo that failed its start-up check is checked again now and then,
 	// so /readyz recovers once the token or the API is fixed.
-	b.loop(func(ctx context.Context) {
-		t := time.NewTicker(githubRecheckEvery)
-		defer t.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-t.C:
-			}
-			for id, st := range m.Status() {
-				if st != "ok" {
-					cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-					_ = m.CheckAccess(cctx, id)
-					cancel()
-				}
+	b.every(githubRecheckEvery, func(ctx context.Context) {
+		for id, st := range m.Status() {
+			if st != "ok" {
+				cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+				_ = m.CheckAccess(cctx, id)
+				cancel()
 			}
 		}
 	})

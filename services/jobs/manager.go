@@ -156,22 +156,13 @@ func Open(ctx context.Context, o Options) (*Manager, error) {
 	return m, nil
 }
 
-// RunPruner deletes ended jobs older than Retention every interval until
-// ctx ends, so their logs go without waiting for the next start.
-func (m *Manager) RunPruner(ctx context.Context, every time.Duration) {
-	t := time.NewTicker(every)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			pctx, cancel := context.WithTimeout(ctx, time.Minute)
-			if err := m.prune(pctx, m.o.Now()); err != nil {
-				m.o.Log.Warn().Msg("job_prune_failed")
-			}
-			cancel()
-		}
+// Prune deletes ended jobs older than Retention with their logs (Open
+// does it too; the broker calls this periodically).
+func (m *Manager) Prune(ctx context.Context) {
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	if err := m.prune(ctx, m.o.Now()); err != nil {
+		m.o.Log.Warn().Msg("job_prune_failed")
 	}
 }
 

@@ -263,17 +263,3 @@ func (m *Manager) Reap(ctx context.Context) {
 		m.log.Info().Str("sandbox_id", id).Msg("project_expired")
 	}
 }
-
-// RunReaper reaps every interval until ctx ends.
-func (m *Manager) RunReaper(ctx context.Context, every time.Duration) {
-	t := time.NewTicker(every)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			m.Reap(ctx)
-		}
-	}
-}

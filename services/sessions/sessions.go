@@ -384,17 +384,3 @@ func (m *Manager) releaseIdle(ctx context.Context, wid string, now time.Time) {
 	m.mu.Unlock()
 	m.o.Log.Info().Str("workspace_id", wid).Msg("session_idle_released")
 }
-
-// RunReaper reaps every interval until ctx ends.
-func (m *Manager) RunReaper(ctx context.Context, every time.Duration) {
-	t := time.NewTicker(every)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			m.Reap(ctx)
-		}
-	}
-}
