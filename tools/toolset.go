@@ -69,11 +69,13 @@ func writeAnnotations(title string, destructive, idempotent bool) mcp.ToolAnnota
 		IdempotentHint: boolPtr(idempotent), OpenWorldHint: boolPtr(false)}
 }
 
-// Toolset is a named group of tools an operator can enable.
+// Toolset is a named group of tools, and the resource templates they
+// return links to, that an operator can enable.
 type Toolset struct {
 	Name        string
 	Description string
 	read, write []ServerTool
+	resources   []ServerResource
 }
 
 // NewToolset starts an empty toolset.
@@ -101,6 +103,13 @@ func (ts *Toolset) AddWriteTools(tools ...ServerTool) *Toolset {
 		}
 	}
 	ts.write = append(ts.write, tools...)
+	return ts
+}
+
+// AddResourceTemplates adds resource templates; reading changes nothing,
+// so they are served in read-only mode too.
+func (ts *Toolset) AddResourceTemplates(rs ...ServerResource) *Toolset {
+	ts.resources = append(ts.resources, rs...)
 	return ts
 }
 
@@ -154,6 +163,30 @@ func (g *Group) Enable(names []string, readOnly bool) ([]ServerTool, error) {
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Tool.Name < out[j].Tool.Name })
 	return out, nil
+}
+
+// Resources returns the resource templates of the named toolsets ("all"
+// for every one), each once however many toolsets carry it. Enable has
+// already refused unknown names.
+func (g *Group) Resources(names []string) []ServerResource {
+	want := map[string]bool{}
+	for _, n := range names {
+		want[n] = true
+	}
+	var out []ServerResource
+	seen := map[string]bool{}
+	for _, ts := range g.sets {
+		if !want["all"] && !want[ts.Name] {
+			continue
+		}
+		for _, r := range ts.resources {
+			if raw := r.Template.URITemplate.Raw(); !seen[raw] {
+				seen[raw] = true
+				out = append(out, r)
+			}
+		}
+	}
+	return out
 }
 
 func (g *Group) names() []string {
