@@ -278,6 +278,13 @@ func TestFileResourcesBelongToTheirPrincipal(t *testing.T) {
 			t.Errorf("%s read %q: %q, want %s without owner or host path", who, uri, msg, code)
 		}
 	}
+	// The read passes the output redactor like any tool result.
+	pat := "ghp_" + strings.Repeat("Q", 36)
+	callTool(t, alice, "upload_file", map[string]any{"session_id": "shared-name", "path": "leak.txt", "content": "token=" + pat + "\n"})
+	if text, _ := readText(t, alice, "sandbox://shared-name/leak.txt"); strings.Contains(text, pat) || !strings.Contains(text, "[REDACTED]") {
+		t.Fatalf("resources/read is not redacted: %q", text)
+	}
+
 	// Bob naming alice's session gets what a missing session gets.
 	refused(bob, "bob", up.URI, "SANDBOX_NOT_FOUND")
 	refused(bob, "bob", "sandbox://never-existed/secret.txt", "SANDBOX_NOT_FOUND")
@@ -316,5 +323,26 @@ func TestFileResourcesBelongToTheirPrincipal(t *testing.T) {
 	// the broker sees them.
 	for _, uri := range []string{"file:///etc/passwd", "sandbox://shared-name/secret.txt\x00", "SANDBOX://shared-name/secret.txt"} {
 		refused(alice, "alice", uri, "not found")
+	}
+
+	// Bob's refused reads are audited as his, with the code he saw.
+	alice.Close()
+	bob.Close()
+	b.Stop(t)
+	var bobs []string
+	for _, line := range strings.Split(strings.TrimSpace(runBroker(t, b.Root, "audit", "export", "--format", "jsonl")), "\n") {
+		var r struct {
+			Phase, Principal, Tool, Outcome string
+			ErrorCode                       string `json:"error_code"`
+		}
+		if err := json.Unmarshal([]byte(line), &r); err != nil {
+			t.Fatal(err)
+		}
+		if r.Principal == "bob" && r.Tool == "resources/read" && r.Phase == "outcome" {
+			bobs = append(bobs, r.Outcome+":"+r.ErrorCode)
+		}
+	}
+	if strings.Join(bobs, ",") != "failure:SANDBOX_NOT_FOUND,failure:SANDBOX_NOT_FOUND,success:" {
+		t.Fatalf("bob's resources/read audit rows: %v", bobs)
 	}
 }

@@ -55,23 +55,23 @@ func TestParseFileURIRefusesHostileURIs(t *testing.T) {
 		"file:///etc/passwd",
 		"https://evil.example/x",
 		"sandbox:s/x",
-		"sandbox:///etc/passwd",       // no session: an absolute path
-		"sandbox://s//etc/passwd",     // absolute path after the session
-		"sandbox://s/../x",            // traversal
-		"sandbox://s/a/../../x",       //
-		"sandbox://s/%2e%2e/x",        // encoded traversal
-		"sandbox://s/%2E%2E/x",        //
-		"sandbox://s/.%2e/x",          //
-		"sandbox://s/a%2F..%2F..%2Fx", // encoded separators
-		"sandbox://s/a%2fb",           //
-		"sandbox://s/./x",             //
-		"sandbox://s/a//b",            //
-		"sandbox://s/x/",              //
-		"sandbox://s/x%00.txt",        // NUL
-		"sandbox://s/x\x00.txt",       //
-		"sandbox://s/x%0a.txt",        // other controls
-		"sandbox://s/a%5Cb",           // backslash
-		"sandbox://s/a\\b",            //
+		"sandbox:///etc/passwd",        // no session: an absolute path
+		"sandbox://s//etc/passwd",      // absolute path after the session
+		"sandbox://s/../x",             // traversal
+		"sandbox://s/a/../../x",        //
+		"sandbox://s/%2e%2e/x",         // encoded traversal
+		"sandbox://s/%2E%2E/x",         //
+		"sandbox://s/.%2e/x",           //
+		"sandbox://s/a%2F..%2F..%2Fx",  // encoded separators
+		"sandbox://s/a%2fb",            //
+		"sandbox://s/./x",              //
+		"sandbox://s/a//b",             //
+		"sandbox://s/x/",               //
+		"sandbox://s/x%00.txt",         // NUL
+		"sandbox://s/x\x00.txt",        //
+		"sandbox://s/x%0a.txt",         // other controls
+		"sandbox://s/a%5Cb",            // backslash
+		"sandbox://s/a\\b",             //
 		"sandbox://s/%E2%80%AEgnp.exe", // bidi override
 		"sandbox://s/caf%c3%a9.txt",    // lower-case escape: not canonical
 		"sandbox://s/%61.txt",          // needless escape
