@@ -23,7 +23,7 @@ import (
 
 // Session files as MCP resources. Every file a tool reports has a
 // sandbox://{session_id}/{path} URI that its owner reads with
-// resources/read on any transport; the signed https link is an extra that
+// resources/read on any transport; the signed download link is an extra that
 // exists only when the broker knows its public address.
 const (
 	FileScheme      = "sandbox://"
@@ -182,18 +182,15 @@ func (r ServerResource) Handler(chained server.ToolHandlerFunc) server.ResourceT
 		call.Params.Name = r.Read.Tool.Name
 		call.Params.Arguments = map[string]any{"uri": req.Params.URI}
 		res, err := chained(ctx, call)
-		if err != nil {
-			return nil, err
-		}
-		if res == nil {
-			return nil, errors.New(string(brokererr.InternalError) + ": internal error")
+		if err != nil || res == nil { // the chain sanitises errors into results
+			return nil, errInternal
 		}
 		if res.IsError {
 			var body struct{ Error, Message string }
 			if tc, ok := firstText(res); ok && json.Unmarshal([]byte(tc), &body) == nil && body.Error != "" {
 				return nil, errors.New(body.Error + ": " + body.Message)
 			}
-			return nil, errors.New(string(brokererr.InternalError) + ": internal error")
+			return nil, errInternal
 		}
 		var out []mcp.ResourceContents
 		for _, c := range res.Content {
@@ -204,6 +201,8 @@ func (r ServerResource) Handler(chained server.ToolHandlerFunc) server.ResourceT
 		return out, nil
 	}
 }
+
+var errInternal = errors.New(string(brokererr.InternalError) + ": internal error")
 
 func firstText(res *mcp.CallToolResult) (string, bool) {
 	if len(res.Content) == 0 {

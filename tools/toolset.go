@@ -133,14 +133,11 @@ func (g *Group) Toolsets() []*Toolset { return g.sets }
 // Enable resolves toolset names ("all" enables every one) into tools,
 // sorted by name. Unknown names are an error, not silently ignored.
 func (g *Group) Enable(names []string, readOnly bool) ([]ServerTool, error) {
-	want := map[string]bool{}
-	for _, n := range names {
-		want[n] = true
-	}
+	want := nameSet(names)
 	var out []ServerTool
 	seen := map[string]bool{}
 	for _, ts := range g.sets {
-		if !want["all"] && !want[ts.Name] {
+		if !selected(want, ts) {
 			continue
 		}
 		delete(want, ts.Name)
@@ -169,14 +166,11 @@ func (g *Group) Enable(names []string, readOnly bool) ([]ServerTool, error) {
 // for every one), each once however many toolsets carry it. Enable has
 // already refused unknown names.
 func (g *Group) Resources(names []string) []ServerResource {
-	want := map[string]bool{}
-	for _, n := range names {
-		want[n] = true
-	}
+	want := nameSet(names)
 	var out []ServerResource
 	seen := map[string]bool{}
 	for _, ts := range g.sets {
-		if !want["all"] && !want[ts.Name] {
+		if !selected(want, ts) {
 			continue
 		}
 		for _, r := range ts.resources {
@@ -188,6 +182,17 @@ func (g *Group) Resources(names []string) []ServerResource {
 	}
 	return out
 }
+
+func nameSet(names []string) map[string]bool {
+	set := map[string]bool{}
+	for _, n := range names {
+		set[n] = true
+	}
+	return set
+}
+
+// selected reports whether the names in want enable ts.
+func selected(want map[string]bool, ts *Toolset) bool { return want["all"] || want[ts.Name] }
 
 func (g *Group) names() []string {
 	out := []string{"all"}

@@ -746,9 +746,6 @@ func TestEscapeRFC5987(t *testing.T) {
 	}
 }
 
-// FuzzVerifyURL mutates signed URLs and random input: nothing panics, and
-// nothing gets 200 except the exact URL the signer produced (its query
-// parameters may only be reordered).
 func TestUnescapePath(t *testing.T) {
 	for esc, want := range map[string]string{
 		"a.txt":               "a.txt",
@@ -773,6 +770,9 @@ func TestUnescapePath(t *testing.T) {
 	}
 }
 
+// FuzzVerifyURL mutates signed URLs and random input: nothing panics, and
+// nothing gets 200 except the exact URL the signer produced (its query
+// parameters may only be reordered).
 func FuzzVerifyURL(f *testing.F) {
 	root := f.TempDir()
 	dir := filepath.Join(root, "workspaces", idA)
