@@ -299,7 +299,7 @@ func TestFileResourcesBelongToTheirPrincipal(t *testing.T) {
 
 	// Hostile URIs from the owner herself.
 	r, _ := run(t, alice, map[string]any{"session_id": "shared-name", "language": "bash",
-		"code": "ln -s /etc/passwd passwd.txt; ln -s secret.txt alias.txt; ln -s .. up; mkfifo pipe.txt; echo ok"})
+		"code": "ln -s /etc/passwd passwd.txt; ln -s secret.txt alias.txt; ln -s .. up; mkfifo pipe.txt; head -c 11M /dev/zero > big.bin; echo ok"})
 	if strings.TrimSpace(r.Stdout) != "ok" {
 		t.Fatalf("setup: %+v", r)
 	}
@@ -308,6 +308,7 @@ func TestFileResourcesBelongToTheirPrincipal(t *testing.T) {
 		"sandbox://shared-name/alias.txt":                               "FILE_NOT_FOUND", // symlink inside it
 		"sandbox://shared-name/up/etc/passwd":                           "FILE_NOT_FOUND", // through a directory symlink
 		"sandbox://shared-name/pipe.txt":                                "FILE_NOT_FOUND", // FIFO
+		"sandbox://shared-name/big.bin":                                 "FILE_SIZE_EXCEEDED",
 		"sandbox://shared-name/../shared-name/secret.txt":               "PATH_TRAVERSAL",
 		"sandbox://shared-name/%2e%2e/%2e%2e/etc/passwd":                "PATH_TRAVERSAL",
 		"sandbox://shared-name/..%2F..%2Fetc%2Fpasswd":                  "PATH_TRAVERSAL",
