@@ -191,3 +191,42 @@ func TestLocalStaticPreviewRefusesSymlinks(t *testing.T) {
 		}
 	}
 }
+
+// TestStdioProjectWithoutPreviewLinkStillCreated: over stdio without
+// PUBLIC_BASE_URL there is no address for a preview link, but the project
+// is created all the same, so the tool must say it succeeded (and why the
+// link is missing) rather than fail after doing the work.
+func TestStdioProjectWithoutPreviewLinkStillCreated(t *testing.T) {
+	requireNodeRunner(t)
+	root := brokerRoot(t)
+	c := StartStdio(t, root, map[string]string{"SANDBOX_POOL_SIZE": "0"})
+	res := callTool(t, c, "create_sandbox_for_project", map[string]any{"project_name": "offline", "template": "node",
+		"initial_files": map[string]string{"server.js": "console.log('hi')\n"}})
+	var created struct {
+		projectCreated
+		PreviewUnavailable string `json:"preview_unavailable"`
+	}
+	resultJSON(t, res, &created)
+	if res.IsError || created.Provider != "local" || created.SandboxID == "" || created.PreviewURL != "" ||
+		!strings.Contains(created.PreviewUnavailable, "PUBLIC_BASE_URL") {
+		t.Fatalf("create over stdio: %+v", created)
+	}
+	var list struct {
+		Sandboxes []struct {
+			SandboxID string `json:"sandbox_id"`
+		} `json:"sandboxes"`
+	}
+	resultJSON(t, callTool(t, c, "list_sandboxes", nil), &list)
+	if len(list.Sandboxes) != 1 || list.Sandboxes[0].SandboxID != created.SandboxID {
+		t.Fatalf("list_sandboxes: %+v", list)
+	}
+	// Asking for the link says what to configure, and that retrying will not help.
+	e := mustToolError(t, callTool(t, c, "get_sandbox_output", map[string]any{"sandbox_id": created.SandboxID, "output_type": "preview_url"}), "UNAVAILABLE")
+	if e.Retryable || !strings.Contains(e.Message, "PUBLIC_BASE_URL") {
+		t.Fatalf("preview_url over stdio: %+v", e)
+	}
+	c.Close()
+	if got := auditOutcomes(t, root, "create_sandbox_for_project"); strings.Join(got, ",") != "success" {
+		t.Fatalf("create_sandbox_for_project audit outcomes: %v", got)
+	}
+}

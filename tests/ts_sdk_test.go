@@ -43,6 +43,7 @@ func TestTypeScriptSDK(t *testing.T) {
 	var entries []map[string]string
 	for _, p := range []struct{ principal, tier string }{
 		{"ts-pro", "pro"}, {"ts-pro-aux", "pro"}, {"ts-free", "free"}, {"ts-stream", "pro"},
+		{"ts-files", "pro"}, {"ts-files-other", "pro"},
 	} {
 		tok := randomToken(t)
 		tokens[p.principal] = tok
@@ -73,6 +74,8 @@ func TestTypeScriptSDK(t *testing.T) {
 		"BROKER_AUX_TOKEN="+tokens["ts-pro-aux"],
 		"BROKER_FREE_TOKEN="+tokens["ts-free"],
 		"BROKER_STREAM_TOKEN="+tokens["ts-stream"],
+		"BROKER_FILES_TOKEN="+tokens["ts-files"],
+		"BROKER_FILES_OTHER_TOKEN="+tokens["ts-files-other"],
 		"BROKER_RATE_LIMIT="+strconv.Itoa(tsRateLimit),
 		"NO_COLOR=1",
 	)

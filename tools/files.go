@@ -3,7 +3,6 @@ package tools
 import (
 	"context"
 	"encoding/base64"
-	"strings"
 	"unicode/utf8"
 
 	"github.com/mark3labs/mcp-go/mcp"
@@ -22,6 +21,15 @@ type UploadFileArgs struct {
 	Content        string `json:"content,omitempty" validate:"excluded_with=ContentBase64,clean" desc:"File content as UTF-8 text."`
 	ContentBase64  string `json:"content_base64,omitempty" validate:"excluded_with=Content" desc:"File content as standard base64, for binary files (at most 10 MiB decoded)."`
 	Overwrite      bool   `json:"overwrite,omitempty" desc:"Replace an existing file (default false)."`
+}
+
+// UploadFileResult is upload_file's structured output.
+type UploadFileResult struct {
+	SessionID string `json:"session_id"`
+	Path      string `json:"path"`
+	Size      int    `json:"size"`
+	URI       string `json:"uri"`
+	URL       string `json:"url,omitempty"`
 }
 
 // UploadFile writes a file into the caller's session workspace.
@@ -66,11 +74,14 @@ func UploadFile(e *Engine) ServerTool {
 			if err := lease.Session.WriteFile(ctx, rel, data, a.Overwrite); err != nil {
 				return nil, err
 			}
-			u, _, err := e.URLs.URL(lease.WorkspaceID, rel)
-			if err != nil {
-				return nil, err
+			// The file is written: from here on nothing may report failure.
+			out := UploadFileResult{SessionID: lease.ID, Path: rel, Size: len(data)}
+			extra := &mcp.CallToolResult{}
+			if ref, ok := e.fileRef(lease, sandbox.FileInfo{Path: rel, Size: int64(len(data))}); ok {
+				out.URI, out.URL = ref.URI, ref.URL
+				extra.Content = ref.links()
 			}
-			return jsonResult(map[string]any{"session_id": lease.ID, "path": rel, "size": len(data), "url": u})
+			return prependJSON(extra, out)
 		})
 }
 
@@ -80,9 +91,9 @@ type ListArtifactsArgs struct {
 	Path      string `json:"path,omitempty" validate:"omitempty,max=1024,clean" audit:"clear" desc:"Directory to list (default: the whole workspace)."`
 }
 
-// ListArtifacts lists a session's files with signed links.
+// ListArtifacts lists a session's files with their URIs and signed links.
 func ListArtifacts(e *Engine) ServerTool {
-	return newTool("list_artifacts", "List the files in your session workspace, each with a signed download link.",
+	return newTool("list_artifacts", "List the files in your session workspace, each with its sandbox:// resource URI (read it with resources/read) and, when the broker has a public URL, a signed download link.",
 		0, readAnnotations("List artifacts"),
 		func(ctx context.Context, p identity.Principal, a *ListArtifactsArgs) (*mcp.CallToolResult, error) {
 			if err := e.ready(); err != nil {
@@ -106,7 +117,7 @@ func ListArtifacts(e *Engine) ServerTool {
 			}
 			out := []FileRef{}
 			for _, f := range list {
-				if ref, ok := e.fileRef(lease.WorkspaceID, f); ok {
+				if ref, ok := e.fileRef(lease, f); ok {
 					out = append(out, ref)
 				}
 			}
@@ -134,13 +145,14 @@ type ReadArtifactResult struct {
 	Encoding      string `json:"encoding"` // "text", "image" or "base64"
 	Text          string `json:"text,omitempty"`
 	ContentBase64 string `json:"content_base64,omitempty"`
-	URL           string `json:"url"`
+	URI           string `json:"uri"`
+	URL           string `json:"url,omitempty"`
 }
 
 // ReadArtifact returns a file's content: text as text, images as image
-// content, other bytes as base64; always with a signed link.
+// content, other bytes as base64; with its resource URI and signed link.
 func ReadArtifact(e *Engine) ServerTool {
-	return newTool("read_artifact", "Read a file from your session workspace: text as text, images inline, other files as base64, always with a signed download link.",
+	return newTool("read_artifact", "Read a file from your session workspace in parts: text as text, images inline, other files as base64, with its sandbox:// resource URI and, when the broker has a public URL, a signed download link.",
 		0, readAnnotations("Read artifact"),
 		func(ctx context.Context, p identity.Principal, a *ReadArtifactArgs) (*mcp.CallToolResult, error) {
 			if err := e.ready(); err != nil {
@@ -163,12 +175,10 @@ func ReadArtifact(e *Engine) ServerTool {
 			if err != nil {
 				return nil, err
 			}
-			u, _, err := e.URLs.URL(lease.WorkspaceID, rel)
-			if err != nil {
-				return nil, err
-			}
 			out := ReadArtifactResult{SessionID: lease.ID, Path: rel, Size: f.Size, MIME: workspace.DetectMIME(rel, f.Data),
-				Offset: a.Offset, Length: len(f.Data), EOF: a.Offset+int64(len(f.Data)) >= f.Size, URL: u}
+				Offset: a.Offset, Length: len(f.Data), EOF: a.Offset+int64(len(f.Data)) >= f.Size}
+			ref, _ := e.fileRef(lease, f.FileInfo) // rel is valid, so ok
+			out.URI, out.URL = ref.URI, ref.URL
 			extra := &mcp.CallToolResult{}
 			switch {
 			case isImage(out.MIME) && a.Offset == 0 && out.EOF && f.Size <= maxReadBytes:
@@ -181,17 +191,14 @@ func ReadArtifact(e *Engine) ServerTool {
 				out.Encoding = "base64"
 				out.ContentBase64 = base64.StdEncoding.EncodeToString(f.Data)
 			}
-			extra.Content = append(extra.Content, mcp.NewResourceLink(u, rel, "signed download link", out.MIME))
+			ref.MIME = out.MIME
+			extra.Content = append(extra.Content, ref.links()...)
 			return prependJSON(extra, out)
 		})
 }
 
 func isText(mime string, f sandbox.File) bool {
-	base, _, _ := strings.Cut(mime, ";")
-	switch {
-	case strings.HasPrefix(base, "text/"), base == "application/json", base == "application/xml",
-		base == "application/javascript", base == "application/x-yaml":
-	default:
+	if !textual(mime) {
 		return false
 	}
 	// A read that cut a rune in half is still text.

@@ -37,12 +37,17 @@ func init() {
 func DefaultGroup(d Deps) *Group {
 	account := NewToolset(ToolsetAccount, "Who you are and what you may still use").
 		AddReadTools(GetUsage(d.Usage, d.Limits))
+	// Both toolsets return links to session files, so both carry the
+	// template that makes those links readable.
+	fileResources := FileResources(d.Engine)
 	sandbox := NewToolset(ToolsetSandbox, "Run code in hardened per-session sandboxes").
 		AddReadTools(ListRunners(d.Engine)).
-		AddWriteTools(RunCode(d.Engine), CloseSession(d.Engine))
-	files := NewToolset(ToolsetFiles, "Session files and signed download links").
+		AddWriteTools(RunCode(d.Engine), CloseSession(d.Engine)).
+		AddResourceTemplates(fileResources)
+	files := NewToolset(ToolsetFiles, "Session files as resources, with signed download links").
 		AddReadTools(ListArtifacts(d.Engine), ReadArtifact(d.Engine)).
-		AddWriteTools(UploadFile(d.Engine))
+		AddWriteTools(UploadFile(d.Engine)).
+		AddResourceTemplates(fileResources)
 	j := d.Jobs
 	if j == nil {
 		j = &Jobs{Engine: d.Engine}

@@ -292,7 +292,10 @@ func (j *Jobs) ExecuteCode() ServerTool {
 				res, err = j.page(ctx, p, id, 0, 0)
 			}
 			if err != nil {
-				return nil, err
+				// It has started: hiding that behind an error would make a
+				// retry start it twice.
+				res = ExecutionResult{ExecutionID: id, Status: jobs.StatusRunning, Output: []jobs.Event{},
+					Hint: "started, but its output could not be read just now: call get_execution_output"}
 			}
 			res.SessionID = sess
 			return jsonResult(withHint(res))

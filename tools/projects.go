@@ -55,12 +55,17 @@ func (pr *Projects) CreateSandboxForProject() ServerTool {
 			if err != nil {
 				return nil, err
 			}
-			url, err := sb.PreviewURL(ctx)
-			if err != nil {
-				return nil, err
+			out := map[string]any{"sandbox_id": rec.ID, "template": rec.Template, "provider": rec.Provider, "expires_at": rec.ExpiresAt}
+			// The sandbox exists now, so a link that cannot be made (no
+			// public URL over stdio) is explained, not reported as failure.
+			if url, err := sb.PreviewURL(ctx); err == nil {
+				out["preview_url"] = url
+			} else if be := brokererr.As(err); be != nil {
+				out["preview_unavailable"] = be.Message
+			} else {
+				out["preview_unavailable"] = "no preview link could be made; try get_sandbox_output with output_type preview_url"
 			}
-			return jsonResult(map[string]any{"sandbox_id": rec.ID, "preview_url": url, "template": rec.Template,
-				"provider": rec.Provider, "expires_at": rec.ExpiresAt})
+			return jsonResult(out)
 		})
 }
 

@@ -3,8 +3,6 @@ package tools
 import (
 	"context"
 	"encoding/base64"
-	"fmt"
-	"path"
 	"sort"
 	"strings"
 	"time"
@@ -16,7 +14,6 @@ import (
 	"github.com/sandbox-broker/sandbox-broker/services/quota"
 	"github.com/sandbox-broker/sandbox-broker/services/sandbox"
 	"github.com/sandbox-broker/sandbox-broker/services/sessions"
-	"github.com/sandbox-broker/sandbox-broker/services/workspace"
 )
 
 // Engine is what the sandbox and file tools need, injected by the broker.
@@ -34,7 +31,8 @@ type Engine struct {
 	Redact func(string) string
 }
 
-// URLSigner makes signed download links for workspace files.
+// URLSigner makes signed download links for workspace files; it fails when
+// the broker has no public address, and tools then leave the link out.
 type URLSigner interface {
 	URL(workspaceID, path string) (string, time.Time, error)
 }
@@ -84,14 +82,6 @@ type RunCodeArgs struct {
 	TimeoutS       int    `json:"timeout_s,omitempty" validate:"omitempty,min=1,max=600" desc:"Wall-clock limit in seconds (default 60)."`
 }
 
-// FileRef is a file in a result.
-type FileRef struct {
-	Name string `json:"name"`
-	Size int64  `json:"size"`
-	MIME string `json:"mime"`
-	URL  string `json:"url"`
-}
-
 // RunCodeResult is run_code's structured output.
 type RunCodeResult struct {
 	SessionID  string    `json:"session_id"`
@@ -111,7 +101,7 @@ type RunCodeResult struct {
 // RunCode runs code in the caller's session sandbox.
 func RunCode(e *Engine) ServerTool {
 	return newTool("run_code",
-		"Run Python, TypeScript or Bash code in your session's sandbox (no network). Files written under /mnt/data persist for the session; new or changed files come back as signed download links, images also inline.",
+		"Run Python, TypeScript or Bash code in your session's sandbox (no network). Files written under /mnt/data persist for the session; new or changed files come back as sandbox:// resource links (read them with resources/read), images also inline, plus signed download links when the broker has a public URL.",
 		512<<10, writeAnnotations("Run code", false, false),
 		func(ctx context.Context, p identity.Principal, a *RunCodeArgs) (*mcp.CallToolResult, error) {
 			if err := e.ready(); err != nil {
@@ -163,11 +153,7 @@ func RunCode(e *Engine) ServerTool {
 			out.Truncated = out.Truncated || t1 || t2
 			out.Output = joinOutput(out.Stdout, out.Stderr)
 			out.Success = res.ExitCode == 0 && !res.TimedOut && !res.OOMKilled && res.Signal == ""
-			result, err := e.filesResult(ctx, lease, res.Changed, &out.Files)
-			if err != nil {
-				return nil, err
-			}
-			return prependJSON(result, out)
+			return prependJSON(e.filesResult(ctx, lease, res.Changed, &out.Files), out)
 		})
 }
 
@@ -199,40 +185,39 @@ func (e *Engine) checkLanguage(ctx context.Context, lang string) error {
 	return brokererr.New(brokererr.UnknownLanguage, "unknown language %q; available: %s", lang, strings.Join(names, ", "))
 }
 
-// filesResult adds a signed link for each file (capped) and inline images.
-func (e *Engine) filesResult(ctx context.Context, lease *sessions.Lease, list []sandbox.FileInfo, refs *[]FileRef) (*mcp.CallToolResult, error) {
+// filesResult describes the files a run wrote (at most maxFilesReported):
+// each gets resource links, images also come inline and small text files
+// embedded, within the caps. It never fails: the run has happened.
+func (e *Engine) filesResult(ctx context.Context, lease *sessions.Lease, list []sandbox.FileInfo, refs *[]FileRef) *mcp.CallToolResult {
 	res := &mcp.CallToolResult{}
 	*refs = []FileRef{}
-	images := 0
+	images, embedded := 0, 0
 	for i, f := range list {
 		if i >= maxFilesReported {
 			break
 		}
-		ref, ok := e.fileRef(lease.WorkspaceID, f)
+		ref, ok := e.fileRef(lease, f)
 		if !ok {
 			continue
 		}
 		*refs = append(*refs, ref)
-		mime, u := ref.MIME, ref.URL
-		if isImage(mime) && f.Size <= maxInlineImage && images < maxInlineImages {
+		switch {
+		case isImage(ref.MIME) && f.Size <= maxInlineImage && images < maxInlineImages:
 			if file, err := lease.Session.ReadFile(ctx, f.Path, 0, maxInlineImage); err == nil {
-				res.Content = append(res.Content, mcp.NewImageContent(base64.StdEncoding.EncodeToString(file.Data), mime))
+				res.Content = append(res.Content, mcp.NewImageContent(base64.StdEncoding.EncodeToString(file.Data), ref.MIME))
 				images++
 			}
+		case textual(ref.MIME) && f.Size <= maxEmbedText && embedded+int(f.Size) <= maxEmbedTotal:
+			if file, err := lease.Session.ReadFile(ctx, f.Path, 0, maxEmbedText); err == nil {
+				if text, ok := exactText(ref.MIME, file.Data); ok {
+					res.Content = append(res.Content, mcp.NewEmbeddedResource(mcp.TextResourceContents{URI: ref.URI, MIMEType: ref.MIME, Text: text}))
+					embedded += len(file.Data)
+				}
+			}
 		}
-		res.Content = append(res.Content, mcp.NewResourceLink(u, path.Base(f.Path), fmt.Sprintf("%s (%d bytes)", f.Path, f.Size), mime))
+		res.Content = append(res.Content, ref.links()...)
 	}
-	return res, nil
-}
-
-// fileRef describes one workspace file with its signed link; a name the
-// signer refuses is not offered (ok false).
-func (e *Engine) fileRef(workspaceID string, f sandbox.FileInfo) (FileRef, bool) {
-	u, _, err := e.URLs.URL(workspaceID, f.Path)
-	if err != nil {
-		return FileRef{}, false
-	}
-	return FileRef{Name: f.Path, Size: f.Size, MIME: workspace.DetectMIME(f.Path, nil), URL: u}, true
+	return res
 }
 
 func isImage(mime string) bool {

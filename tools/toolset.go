@@ -69,11 +69,13 @@ func writeAnnotations(title string, destructive, idempotent bool) mcp.ToolAnnota
 		IdempotentHint: boolPtr(idempotent), OpenWorldHint: boolPtr(false)}
 }
 
-// Toolset is a named group of tools an operator can enable.
+// Toolset is a named group of tools, and the resource templates they
+// return links to, that an operator can enable.
 type Toolset struct {
 	Name        string
 	Description string
 	read, write []ServerTool
+	resources   []ServerResource
 }
 
 // NewToolset starts an empty toolset.
@@ -104,6 +106,13 @@ func (ts *Toolset) AddWriteTools(tools ...ServerTool) *Toolset {
 	return ts
 }
 
+// AddResourceTemplates adds resource templates; reading changes nothing,
+// so they are served in read-only mode too.
+func (ts *Toolset) AddResourceTemplates(rs ...ServerResource) *Toolset {
+	ts.resources = append(ts.resources, rs...)
+	return ts
+}
+
 // Tools returns the toolset's tools; write tools only when readOnly is false.
 func (ts *Toolset) Tools(readOnly bool) []ServerTool {
 	out := append([]ServerTool{}, ts.read...)
@@ -124,14 +133,11 @@ func (g *Group) Toolsets() []*Toolset { return g.sets }
 // Enable resolves toolset names ("all" enables every one) into tools,
 // sorted by name. Unknown names are an error, not silently ignored.
 func (g *Group) Enable(names []string, readOnly bool) ([]ServerTool, error) {
-	want := map[string]bool{}
-	for _, n := range names {
-		want[n] = true
-	}
+	want := nameSet(names)
 	var out []ServerTool
 	seen := map[string]bool{}
 	for _, ts := range g.sets {
-		if !want["all"] && !want[ts.Name] {
+		if !selected(want, ts) {
 			continue
 		}
 		delete(want, ts.Name)
@@ -155,6 +161,38 @@ func (g *Group) Enable(names []string, readOnly bool) ([]ServerTool, error) {
 	sort.Slice(out, func(i, j int) bool { return out[i].Tool.Name < out[j].Tool.Name })
 	return out, nil
 }
+
+// Resources returns the resource templates of the named toolsets ("all"
+// for every one), each once however many toolsets carry it. Enable has
+// already refused unknown names.
+func (g *Group) Resources(names []string) []ServerResource {
+	want := nameSet(names)
+	var out []ServerResource
+	seen := map[string]bool{}
+	for _, ts := range g.sets {
+		if !selected(want, ts) {
+			continue
+		}
+		for _, r := range ts.resources {
+			if raw := r.Template.URITemplate.Raw(); !seen[raw] {
+				seen[raw] = true
+				out = append(out, r)
+			}
+		}
+	}
+	return out
+}
+
+func nameSet(names []string) map[string]bool {
+	set := map[string]bool{}
+	for _, n := range names {
+		set[n] = true
+	}
+	return set
+}
+
+// selected reports whether the names in want enable ts.
+func selected(want map[string]bool, ts *Toolset) bool { return want["all"] || want[ts.Name] }
 
 func (g *Group) names() []string {
 	out := []string{"all"}

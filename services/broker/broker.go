@@ -34,19 +34,20 @@ import (
 
 // Broker is one running sandbox-broker.
 type Broker struct {
-	cfg      config.Config
-	version  string
-	started  time.Time
-	log      zerolog.Logger
-	redactor *redact.Redactor
-	audit    *audit.Log
-	quota    *quota.Store
-	metrics  *middleware.Metrics
-	tokens   *identity.Registry // nil on stdio
-	mcp      *server.MCPServer
-	tools    []tools.ServerTool
-	sessions *sessionOwners
-	checks   []check
+	cfg       config.Config
+	version   string
+	started   time.Time
+	log       zerolog.Logger
+	redactor  *redact.Redactor
+	audit     *audit.Log
+	quota     *quota.Store
+	metrics   *middleware.Metrics
+	tokens    *identity.Registry // nil on stdio
+	mcp       *server.MCPServer
+	tools     []tools.ServerTool
+	resources []tools.ServerResource
+	sessions  *sessionOwners
+	checks    []check
 	// Sandbox engine; backend and sandboxes are nil when none is available.
 	backend   sandbox.Backend
 	sandboxes *sessions.Manager
@@ -146,6 +147,7 @@ func New(ctx context.Context, cfg config.Config, opts Options) (b *Broker, err e
 	if b.tools, err = group.Enable(cfg.Toolsets, cfg.ReadOnly); err != nil {
 		return nil, err
 	}
+	b.resources = group.Resources(cfg.Toolsets)
 	b.mcp = b.newMCPServer()
 	b.log.Info().Str("transport", cfg.Transport).Int("tools", len(b.tools)).Bool("read_only", cfg.ReadOnly).Msg("broker_ready")
 	return b, nil
@@ -159,6 +161,9 @@ func (b *Broker) newMCPServer() *server.MCPServer {
 	specs := map[string]middleware.ArgSpec{}
 	for _, t := range b.tools {
 		specs[t.Tool.Name] = t.Args
+	}
+	for _, r := range b.resources {
+		specs[r.Read.Tool.Name] = r.Read.Args
 	}
 	chain := middleware.Chain(middleware.Deps{
 		Specs:    func(name string) (middleware.ArgSpec, bool) { s, ok := specs[name]; return s, ok },
@@ -188,6 +193,15 @@ func (b *Broker) newMCPServer() *server.MCPServer {
 	s := server.NewMCPServer("sandbox-broker", b.version, opts...)
 	for _, t := range b.tools {
 		s.AddTool(t.Tool, t.Handler)
+	}
+	// Resource reads get the tool chain too; mcp-go applies tool middleware
+	// only to tools, so it is composed here, outermost first.
+	for _, r := range b.resources {
+		h := r.Read.Handler
+		for i := len(chain) - 1; i >= 0; i-- {
+			h = chain[i](h)
+		}
+		s.AddResourceTemplate(r.Template, r.Handler(h))
 	}
 	b.addHealthResource(s)
 	return s

@@ -624,6 +624,17 @@ func TestSignerErrors(t *testing.T) {
 			t.Errorf("%+v: no error", bad)
 		}
 	}
+	// No base URL (stdio without PUBLIC_BASE_URL) is a typed, final answer
+	// that callers can tell from a fault.
+	for _, sign := range []func(s *Signer) error{
+		func(s *Signer) error { _, _, err := s.URL(idA, "x"); return err },
+		func(s *Signer) error { _, _, err := s.PreviewURL(idA); return err },
+	} {
+		e := brokererr.As(sign(&Signer{Keys: keys}))
+		if e == nil || e.Code != brokererr.Unavailable || e.Retryable || !strings.Contains(e.Message, "PUBLIC_BASE_URL") {
+			t.Errorf("no BaseURL: %+v", e)
+		}
+	}
 	// TTL is honoured and verified against MaxTTL.
 	s2 := &Signer{Keys: keys, BaseURL: "https://x", TTL: 10 * time.Minute, MaxTTL: 15 * time.Minute, Now: func() time.Time { return t0 }}
 	u, _, _ = s2.URL(idA, "f")
@@ -732,6 +743,30 @@ func TestLoadOrCreateSecret(t *testing.T) {
 func TestEscapeRFC5987(t *testing.T) {
 	if got := escapeRFC5987("a b\"';\r\né.txt"); got != "a%20b%22%27%3B%0D%0A%C3%A9.txt" {
 		t.Fatal(got)
+	}
+}
+
+func TestUnescapePath(t *testing.T) {
+	for esc, want := range map[string]string{
+		"a.txt":               "a.txt",
+		"out/a%20b/c.txt":     "out/a b/c.txt",
+		"caf%C3%A9.txt":       "café.txt",
+		"100%25.txt":          "100%.txt",
+		"a+b=c@d:e$f&g.txt":   "a+b=c@d:e$f&g.txt",
+		"%252e%252e/x":        "%2e%2e/x",
+		"q%3F.txt":            "q?.txt",
+		"semi%3Bcolon%2C.txt": "semi;colon,.txt",
+	} {
+		got, err := UnescapePath(esc)
+		if err != nil || got != want || EscapePath(got) != esc {
+			t.Errorf("UnescapePath(%q) = %q, %v; want %q", esc, got, err, want)
+		}
+	}
+	for _, esc := range []string{"", "%2e%2e/x", "..", "a/../b", "a%2Fb", "a%2fb", "/etc/passwd", "a//b", "a/",
+		"x%00", "%0a", "a%5Cb", "caf%c3%a9", "%61", "a b", "%zz", "%", "%ff", "a;b"} {
+		if got, err := UnescapePath(esc); err == nil || brokererr.As(err) == nil {
+			t.Errorf("UnescapePath(%q) = %q, %v; want a typed refusal", esc, got, err)
+		}
 	}
 }
 

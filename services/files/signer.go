@@ -116,8 +116,15 @@ func (s *Signer) URL(workspaceID, path string) (string, time.Time, error) {
 	return u, time.Unix(exp, 0), nil
 }
 
-// base checks BaseURL and returns it without a trailing slash.
+// base checks BaseURL and returns it without a trailing slash. With no
+// BaseURL (stdio without PUBLIC_BASE_URL) there is nowhere to link to: the
+// error says so, and callers that can do without a link leave it out.
 func (s *Signer) base() (string, error) {
+	if s.BaseURL == "" {
+		e := brokererr.New(brokererr.Unavailable, "this broker has no public URL for links; set PUBLIC_BASE_URL or serve over HTTP")
+		e.Retryable = false
+		return "", e
+	}
 	b := strings.TrimRight(s.BaseURL, "/")
 	u, err := url.Parse(b)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" ||
@@ -156,16 +163,42 @@ func ValidWorkspaceID(id string) bool {
 	return true
 }
 
-// escapePath escapes each segment of a validated path with url.PathEscape.
+// escapePath is EscapePath for signed URLs, which refuse names with '%'.
 func escapePath(rel string) (string, error) {
 	if strings.ContainsRune(rel, '%') {
 		return "", brokererr.New(brokererr.InvalidInput, "file names containing %% cannot be downloaded by URL")
 	}
+	return EscapePath(rel), nil
+}
+
+// EscapePath escapes each segment of a validated workspace path with
+// url.PathEscape: the path form of signed URLs and of sandbox:// resource
+// URIs.
+func EscapePath(rel string) string {
 	segs := strings.Split(rel, "/")
 	for i, s := range segs {
 		segs[i] = url.PathEscape(s)
 	}
-	return strings.Join(segs, "/"), nil
+	return strings.Join(segs, "/")
+}
+
+// UnescapePath is EscapePath's strict inverse: esc is decoded exactly once
+// and accepted only if the result passes workspace.ValidatePath and
+// escapes back to the very same bytes, so "%2e%2e", "%2F", "//", lower-case
+// or needless escapes are refused, never cleaned. Errors are
+// *brokererr.Error.
+func UnescapePath(esc string) (string, error) {
+	rel, err := url.PathUnescape(esc)
+	if err != nil {
+		return "", brokererr.New(brokererr.InvalidInput, "path has an invalid percent escape")
+	}
+	if _, err := workspace.ValidatePath(rel); err != nil {
+		return "", err
+	}
+	if EscapePath(rel) != esc {
+		return "", brokererr.New(brokererr.PathTraversal, "path is not in canonical escaped form")
+	}
+	return rel, nil
 }
 
 // ErrDenied is wrapped by every Verify error; the text after it is a fixed
@@ -199,16 +232,9 @@ func (s *Signer) Verify(escapedPath, rawQuery string) (Target, error) {
 	if !ok || !ValidWorkspaceID(id) {
 		return Target{}, deny("workspace id")
 	}
-	rel, err := url.PathUnescape(escRel) // exactly once
-	if err != nil {
-		return Target{}, deny("path escaping")
-	}
-	if _, err := workspace.ValidatePath(rel); err != nil {
+	rel, err := UnescapePath(escRel)
+	if err != nil || strings.ContainsRune(rel, '%') {
 		return Target{}, deny("path")
-	}
-	canon, err := escapePath(rel)
-	if err != nil || canon != escRel {
-		return Target{}, deny("path not canonical")
 	}
 	expStr, kid, sig, err := parseQuery(rawQuery)
 	if err != nil {

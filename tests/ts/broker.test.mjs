@@ -8,6 +8,8 @@
 //   BROKER_AUX_TOKEN   pro principal "ts-pro-aux"; for tests that need a working client
 //   BROKER_FREE_TOKEN  free principal "ts-free"; only the rate-limit test uses it
 //   BROKER_STREAM_TOKEN pro principal "ts-stream"; the streaming test (2 calls)
+//   BROKER_FILES_TOKEN pro principal "ts-files"; the file resource test (2 calls)
+//   BROKER_FILES_OTHER_TOKEN pro principal "ts-files-other"; reads ts-files's file (1 call)
 //   BROKER_RATE_LIMIT  the broker's RATE_LIMIT_PER_MINUTE
 //
 // RATE_LIMIT_PER_MINUTE applies to every principal, so each principal's tool
@@ -39,6 +41,8 @@ const PRO_TOKEN = requireEnv('BROKER_TOKEN');
 const AUX_TOKEN = requireEnv('BROKER_AUX_TOKEN');
 const FREE_TOKEN = requireEnv('BROKER_FREE_TOKEN');
 const STREAM_TOKEN = requireEnv('BROKER_STREAM_TOKEN');
+const FILES_TOKEN = requireEnv('BROKER_FILES_TOKEN');
+const FILES_OTHER_TOKEN = requireEnv('BROKER_FILES_OTHER_TOKEN');
 const RATE_LIMIT = Number.parseInt(requireEnv('BROKER_RATE_LIMIT'), 10);
 if (!Number.isInteger(RATE_LIMIT) || RATE_LIMIT < 1 || RATE_LIMIT > 50) {
   throw new Error(`BROKER_RATE_LIMIT must be a small positive integer, got ${process.env.BROKER_RATE_LIMIT}`);
@@ -347,5 +351,53 @@ test('a 5 s run_code sends progress notifications; execute_code streams output a
     assert.equal(exec.status, 'completed', JSON.stringify(exec));
     const streamed = lines.filter((l) => l.logger === 'sandbox.stdout').map((l) => l.data).join('');
     assert.equal(streamed, 'tick 1\ntick 2\ntick 3\n', JSON.stringify(lines));
+  });
+});
+
+test('a chart from run_code comes back as a resource_link that resources/read returns, to its owner only', { timeout: 60_000 }, async () => {
+  let uri;
+  await withClient(FILES_TOKEN, async (client) => {
+    const { resourceTemplates } = await client.listResourceTemplates();
+    assert.ok(resourceTemplates.some((t) => t.uriTemplate === 'sandbox://{session_id}/{+path}'),
+      `no sandbox:// template: ${JSON.stringify(resourceTemplates)}`);
+
+    const code = 'import matplotlib\nmatplotlib.use("Agg")\nimport matplotlib.pyplot as plt\n'
+      + 'plt.plot([1, 3, 2]); plt.savefig("chart.png"); plt.close()\nprint("saved")';
+    const res = await client.callTool({ name: 'run_code', arguments: { language: 'python', code } }, undefined, { timeout: 50_000 });
+    const out = structured(res);
+    assert.equal(out.success, true, JSON.stringify(out));
+    const image = res.content.find((c) => c.type === 'image' && c.mimeType === 'image/png');
+    assert.ok(image, `no inline image: ${JSON.stringify(res.content.map((c) => c.type))}`);
+    const link = res.content.find((c) => c.type === 'resource_link' && c.uri.startsWith('sandbox://'));
+    assert.ok(link, `no sandbox:// resource_link: ${JSON.stringify(res.content)}`);
+    uri = link.uri;
+    assert.equal(uri, `sandbox://${out.session_id}/chart.png`);
+    assert.equal(link.mimeType, 'image/png');
+    const file = out.files.find((f) => f.name === 'chart.png');
+    assert.equal(file?.uri, uri, JSON.stringify(out.files));
+    // Over HTTP the broker knows its address, so the signed link is there too.
+    assert.match(file.url, /^http:\/\/127\.0\.0\.1:\d+\/files\//, JSON.stringify(file));
+    assert.ok(res.content.some((c) => c.type === 'resource_link' && c.uri === file.url), 'no resource_link for the signed URL');
+
+    const { contents } = await client.readResource({ uri });
+    assert.equal(contents.length, 1, JSON.stringify(contents));
+    assert.equal(contents[0].uri, uri);
+    assert.equal(contents[0].mimeType, 'image/png');
+    assert.equal(typeof contents[0].blob, 'string', 'a PNG must come back as a blob');
+    assert.ok(Buffer.from(contents[0].blob, 'base64').equals(Buffer.from(image.data, 'base64')),
+      'resources/read and the inline image differ');
+    const dl = await fetch(file.url, { signal: AbortSignal.timeout(10_000) });
+    assert.equal(dl.status, 200);
+    assert.ok(Buffer.from(await dl.arrayBuffer()).equals(Buffer.from(contents[0].blob, 'base64')),
+      'the signed download and resources/read differ');
+  });
+
+  await withClient(FILES_OTHER_TOKEN, async (client) => {
+    await assert.rejects(client.readResource({ uri }), (err) => {
+      assert.ok(err instanceof McpError, `want McpError, got ${err?.constructor?.name}: ${err?.message}`);
+      assert.match(err.message, /SANDBOX_NOT_FOUND/);
+      assert.doesNotMatch(err.message, /ts-files/);
+      return true;
+    });
   });
 });

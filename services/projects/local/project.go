@@ -237,6 +237,9 @@ func warningLines(out []byte) []string {
 // PreviewURL implements projects.Sandbox.
 func (pr *project) PreviewURL(ctx context.Context) (string, error) {
 	u, err := pr.p.o.Link(pr.id)
+	if be := brokererr.As(err); be != nil {
+		return "", be // e.g. no public URL to link to: the message says so
+	}
 	if err != nil {
 		return "", brokererr.Wrap(err, brokererr.InternalError, "cannot make the preview link")
 	}
