@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"path"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -62,8 +63,47 @@ func (b *Broker) HTTPHandler() http.Handler {
 		}
 		writeJSON(w, code, h)
 	})
-	// Signed downloads bypass the mux, which would clean their raw paths.
-	return b.checkHostOrigin(securityHeaders(b.filesHandler().Intercept(mux)))
+	// Signed downloads bypass the mux, which would clean their raw paths;
+	// everything else must already be canonical (the mux never redirects).
+	return b.checkHostOrigin(securityHeaders(b.requireCanonicalPath(b.filesHandler().Intercept(mux))))
+}
+
+// requireCanonicalPath refuses, with 403, a request whose path is not
+// canonical as sent or once unescaped ("//x", "/./x", "/x/..", "/%2e%2e/x",
+// "/a%2F..%2Fb"), before anything routes it: http.ServeMux would answer
+// 307 with the cleaned path, so a client could reach /files/ or /preview/
+// through a spelling their handlers never see.
+func (b *Broker) requireCanonicalPath(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !canonicalPath(r.URL.EscapedPath()) {
+			b.log.Warn().Str("method", r.Method).Msg("path_rejected")
+			writeJSON(w, http.StatusForbidden, map[string]string{"error": "PERMISSION_DENIED", "message": "the request path is not canonical"})
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// canonicalPath reports whether the escaped path and its unescaped form are
+// both absolute and unchanged by path.Clean (a trailing slash aside).
+func canonicalPath(escaped string) bool {
+	decoded, err := url.PathUnescape(escaped)
+	if err != nil {
+		return false
+	}
+	for _, p := range []string{escaped, decoded} {
+		if !strings.HasPrefix(p, "/") {
+			return false
+		}
+		c := path.Clean(p)
+		if strings.HasSuffix(p, "/") && c != "/" {
+			c += "/"
+		}
+		if c != p {
+			return false
+		}
+	}
+	return true
 }
 
 // ServeHTTP serves on ln until ctx ends, then shuts down gracefully.
