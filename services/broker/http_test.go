@@ -1,11 +1,15 @@
 package broker
 
 import (
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/sandbox-broker/sandbox-broker/config"
 )
 
 func TestCanonicalPath(t *testing.T) {
@@ -45,4 +49,34 @@ func FuzzCanonicalPath(f *testing.F) {
 			t.Fatalf("accepted %q but ServeMux redirects it (%d to %q)", p, rec.Code, rec.Header().Get("Location"))
 		}
 	})
+}
+
+// TestBodyDeadlineLiftedOnceRead: the body deadline must not cut a
+// response that streams on after the body was read (SSE).
+func TestBodyDeadlineLiftedOnceRead(t *testing.T) {
+	b := &Broker{cfg: config.Config{BodyTimeoutS: 1}}
+	srv := httptest.NewServer(b.boundBody(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if _, err := io.ReadAll(r.Body); err != nil {
+			t.Errorf("read body: %v", err)
+		}
+		w.WriteHeader(http.StatusOK)
+		http.NewResponseController(w).Flush()
+		// Outlive the body deadline, as a long SSE response does.
+		select {
+		case <-r.Context().Done():
+			_, _ = io.WriteString(w, "cancelled")
+		case <-time.After(1500 * time.Millisecond):
+			_, _ = io.WriteString(w, "streamed")
+		}
+	})))
+	defer srv.Close()
+	resp, err := http.Post(srv.URL, "application/json", strings.NewReader(`{"jsonrpc":"2.0"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	got, _ := io.ReadAll(resp.Body)
+	if string(got) != "streamed" {
+		t.Fatalf("response after the body deadline: %q", got)
+	}
 }
