@@ -41,6 +41,9 @@ func TestOutputFloodNotificationsAreCapped(t *testing.T) {
 		})
 		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 		defer cancel()
+		// The broker negotiates the legacy protocol, where logging/setLevel
+		// is how a client asks for log notifications.
+		//lint:ignore SA1019 the deprecation is for protocol 2026-07-28
 		if err := c.SetLevel(ctx, mcp.SetLevelRequest{Params: mcp.SetLevelParams{Level: mcp.LoggingLevelDebug}}); err != nil {
 			t.Fatal(err)
 		}
