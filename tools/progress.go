@@ -82,16 +82,12 @@ func (n *notifier) progress(ctx context.Context, message string) {
 // output sends one chunk of a job's output as a log message, until the
 // call has streamed maxNotifyBytes.
 func (n *notifier) output(ctx context.Context, stream, data string) {
-	if n == nil || data == "" {
+	if n == nil || data == "" || n.outputCut() {
 		return
 	}
 	text := n.redact(data)
 	quoted, _ := json.Marshal(text)
 	n.mu.Lock()
-	if n.cut {
-		n.mu.Unlock()
-		return
-	}
 	if n.sent+len(quoted)+notifyOverhead > maxNotifyBytes {
 		n.cut = true
 		sent := n.sent
@@ -107,6 +103,13 @@ func (n *notifier) output(ctx context.Context, stream, data string) {
 		level = mcp.LoggingLevelWarning
 	}
 	_ = n.srv.SendLogMessageToClient(ctx, mcp.NewLoggingMessageNotification(level, "sandbox."+stream, text))
+}
+
+// outputCut reports whether the call's output notifications were cut.
+func (n *notifier) outputCut() bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.cut
 }
 
 // tick sends a progress notification every interval until the returned
