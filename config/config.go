@@ -46,6 +46,10 @@ type Config struct {
 	Toolsets           []string `env:"MCP_TOOLSETS" validate:"dive,toolset"`
 	ReadOnly           bool     `env:"MCP_READ_ONLY"`
 	MaxRequestBytes    int      `env:"MCP_MAX_REQUEST_BYTES" validate:"min=4096,max=268435456"`
+	// HTTP connection limits (services/connguard) and the body deadline.
+	MaxConns      int `env:"MCP_MAX_CONNS" validate:"min=16,max=1000000"`
+	UnauthPerAddr int `env:"MCP_MAX_UNAUTH_CONNS_PER_ADDR" validate:"min=1,max=1000000,ltefield=MaxConns"`
+	BodyTimeoutS  int `env:"MCP_BODY_TIMEOUT_S" validate:"min=1,max=3600"`
 	// Sandbox engine.
 	// Backend "auto" picks docker when its daemon answers, else process.
 	Backend        string `env:"SANDBOX_BACKEND" validate:"oneof=auto docker process none"`
@@ -94,6 +98,9 @@ func Defaults() Config {
 		LogLevel:        "info",
 		Toolsets:        []string{"all"},
 		MaxRequestBytes: 32 << 20, // create_sandbox_for_project takes 20 files of 1 MB
+		MaxConns:        1024,
+		UnauthPerAddr:   64,
+		BodyTimeoutS:    60,
 		Backend:         "auto",
 		TimeoutS:        60,
 		MaxTimeoutS:     600,

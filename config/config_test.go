@@ -79,6 +79,7 @@ func TestEnvParsing(t *testing.T) {
 		MaxConcurrent: 4, MaxPerSession: 2, JobLogMaxBytes: 8 << 20, ProcessUID: 1_900_000_000, ProcessUIDs: 65536, EgressMaxConns: 32, EgressMaxMB: 256,
 		CSBAPIKey: "csb_v1_0123456789", CSBAPIURL: "http://127.0.0.1:9/", GitHubReposFile: "/etc/broker/repos.json",
 		GitHubAPIURL: "https://api.github.com/",
+		MaxConns:     1024, UnauthPerAddr: 64, BodyTimeoutS: 60,
 	}
 	if !reflect.DeepEqual(c, want) {
 		t.Errorf("got  %#v\nwant %#v", c, want)
@@ -138,6 +139,10 @@ func TestInvalidVariablesAreNamed(t *testing.T) {
 		{"MCP_ALLOWED_ORIGINS", "not a url"},
 		{"MCP_READ_ONLY", "maybe"},
 		{"MCP_MAX_REQUEST_BYTES", "1"},
+		{"MCP_MAX_CONNS", "8"},
+		{"MCP_MAX_UNAUTH_CONNS_PER_ADDR", "0"},
+		{"MCP_MAX_UNAUTH_CONNS_PER_ADDR", "2000"}, // above MCP_MAX_CONNS
+		{"MCP_BODY_TIMEOUT_S", "0"},
 	}
 	for _, c := range cases {
 		_, err := Load(nil, envOf(map[string]string{c.name: c.value}))
@@ -266,4 +271,14 @@ func FuzzLoadEnv(f *testing.F) {
 			}
 		}
 	})
+}
+
+func TestHTTPLimitsEnv(t *testing.T) {
+	c, err := Load(nil, envOf(map[string]string{"MCP_MAX_CONNS": "200", "MCP_MAX_UNAUTH_CONNS_PER_ADDR": "200", "MCP_BODY_TIMEOUT_S": "5"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.MaxConns != 200 || c.UnauthPerAddr != 200 || c.BodyTimeoutS != 5 {
+		t.Fatalf("%d %d %d", c.MaxConns, c.UnauthPerAddr, c.BodyTimeoutS)
+	}
 }

@@ -59,6 +59,9 @@ type BrokerOpts struct {
 	Token string // MCP_API_TOKEN; "" = let the broker generate one
 	Env   map[string]string
 	Args  []string
+	// NoFile, if set, is the broker's RLIMIT_NOFILE (soft and hard, via
+	// prlimit), so fd-exhaustion tests stay small.
+	NoFile int
 }
 
 type syncBuffer struct {
@@ -111,6 +114,9 @@ func StartHTTP(t testing.TB, o BrokerOpts) *Broker {
 	}
 	args := append([]string{"serve", "--transport", "http", "--addr", "127.0.0.1:0"}, o.Args...)
 	cmd := exec.Command(brokerBin, args...)
+	if o.NoFile > 0 { // prlimit execs the broker: the pid stays the same
+		cmd = exec.Command("prlimit", append([]string{fmt.Sprintf("--nofile=%d:%d", o.NoFile, o.NoFile), "--", brokerBin}, args...)...)
+	}
 	cmd.Env = brokerEnv(o.Root, o.Token, o.Env)
 	stderr, err := cmd.StderrPipe()
 	if err != nil {

@@ -235,7 +235,9 @@ func (j *Jobs) follow(ctx context.Context, p identity.Principal, id string, d ti
 	var seen int64
 	for done != nil {
 		changed := j.Jobs.Changed(p.ID, id)
-		if n != nil {
+		if n != nil && n.outputCut() {
+			n.progress(ctx, "execution running") // a sign of life only
+		} else if n != nil {
 			out, err := j.Jobs.Read(ctx, p.ID, id, jobs.ReadRequest{Since: seen, MaxEvents: maxPageEvents, MaxBytes: maxPageBytes})
 			if err == nil {
 				for _, ev := range out.Events {

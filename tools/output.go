@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"strings"
 	"unicode/utf8"
+
+	"github.com/sandbox-broker/sandbox-broker/services/textsafe"
 )
 
 // cleanOutput makes program output safe to show a model: invalid UTF-8 is
@@ -22,8 +24,10 @@ func cleanOutput(b []byte, max int) (string, bool) {
 	return s[:cut] + fmt.Sprintf("\n[output truncated: %d more bytes]", len(s)-cut), true
 }
 
-// stripEscapes removes terminal escape sequences and control characters, so
-// output cannot hide text from a human reviewer or restyle a terminal.
+// stripEscapes removes terminal escape sequences, control characters and
+// invisible characters (textsafe.Invisible; U+2028 and U+2029 become a
+// newline), so output cannot hide text from a human reviewer or restyle a
+// terminal.
 func stripEscapes(s string) string {
 	var b strings.Builder
 	b.Grow(len(s))
@@ -51,8 +55,14 @@ func stripEscapes(s string) string {
 				i = skipCSI(s, i+size)
 				continue
 			}
-			if r >= 0x80 && r <= 0x9f || r >= 0x202a && r <= 0x202e || r >= 0x2066 && r <= 0x2069 {
-				// C1 controls and bidi overrides are dropped.
+			if textsafe.LineSeparator(r) {
+				b.WriteByte('\n')
+				i += size
+				continue
+			}
+			if r >= 0x80 && r <= 0x9f || textsafe.Invisible(r) {
+				// C1 controls, bidi controls, zero-width and other
+				// invisible characters are dropped.
 				i += size
 				continue
 			}
@@ -85,7 +95,10 @@ func skipEscape(s string, i int) int {
 		}
 		return len(s)
 	default: // two-byte sequences such as ESC c, ESC ( B
-		if (s[i] == '(' || s[i] == ')' || s[i] == '#') && i+1 < len(s) {
+		if s[i] >= utf8.RuneSelf {
+			return i // not part of the escape: never split a character
+		}
+		if (s[i] == '(' || s[i] == ')' || s[i] == '#') && i+1 < len(s) && s[i+1] < utf8.RuneSelf {
 			return i + 2
 		}
 		return i + 1

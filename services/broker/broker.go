@@ -61,6 +61,7 @@ type Broker struct {
 	poolStats func() map[string]int
 	health    healthCache
 	egress    egressQuotas
+	refusals  *httpRefusals
 }
 
 // Options are what the caller supplies besides Config.
@@ -86,7 +87,7 @@ func New(ctx context.Context, cfg config.Config, opts Options) (b *Broker, err e
 	if cfg.Root, err = filepath.Abs(cfg.Root); err != nil {
 		return nil, fmt.Errorf("SANDBOX_ROOT: %w", err)
 	}
-	nb := &Broker{cfg: cfg, version: opts.Version, started: time.Now(), sessions: newSessionOwners(),
+	nb := &Broker{cfg: cfg, version: opts.Version, started: time.Now(), sessions: newSessionOwners(), refusals: newHTTPRefusals(),
 		egress: egressQuotas{maxAge: time.Duration(cfg.MaxAgeS) * time.Second}}
 	b = nb
 	defer func() {

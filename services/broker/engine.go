@@ -10,6 +10,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/rs/zerolog"
+
 	"github.com/sandbox-broker/sandbox-broker/config"
 	"github.com/sandbox-broker/sandbox-broker/services/agent"
 	"github.com/sandbox-broker/sandbox-broker/services/brokererr"
@@ -233,7 +235,12 @@ func (b *Broker) engine(cfg config.Config) *tools.Engine {
 func (b *Broker) filesHandler() *files.Handler {
 	log := logging.Component(b.log, "files")
 	return &files.Handler{Signer: b.signer, Root: b.cfg.Root, Log: func(event string, kv ...any) {
-		ev := log.Info()
+		var ev *zerolog.Event
+		if event == "files.denied" { // anyone can cause these: throttled
+			ev = b.refusalLog(event, log.Info)
+		} else {
+			ev = log.Info()
+		}
 		for i := 0; i+1 < len(kv); i += 2 {
 			ev = ev.Interface(fmt.Sprint(kv[i]), kv[i+1])
 		}

@@ -10,6 +10,8 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"os"
+	"path"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -17,6 +19,7 @@ import (
 	"github.com/mark3labs/mcp-go/server"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/sandbox-broker/sandbox-broker/services/connguard"
 	"github.com/sandbox-broker/sandbox-broker/services/files"
 	"github.com/sandbox-broker/sandbox-broker/services/identity"
 	"github.com/sandbox-broker/sandbox-broker/services/logging"
@@ -62,18 +65,70 @@ func (b *Broker) HTTPHandler() http.Handler {
 		}
 		writeJSON(w, code, h)
 	})
-	// Signed downloads bypass the mux, which would clean their raw paths.
-	return b.checkHostOrigin(securityHeaders(b.filesHandler().Intercept(mux)))
+	// Signed downloads bypass the mux, which would clean their raw paths;
+	// everything else must already be canonical (the mux never redirects).
+	return b.boundBody(b.checkHostOrigin(securityHeaders(b.requireCanonicalPath(b.filesHandler().Intercept(mux)))))
+}
+
+// requireCanonicalPath refuses, with 403, a request whose path is not
+// canonical as sent or once unescaped ("//x", "/./x", "/x/..", "/%2e%2e/x",
+// "/a%2F..%2Fb"), before anything routes it: http.ServeMux would answer
+// 307 with the cleaned path, so a client could reach /files/ or /preview/
+// through a spelling their handlers never see.
+func (b *Broker) requireCanonicalPath(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !canonicalPath(r.URL.EscapedPath()) {
+			b.refusalLog("path_rejected", b.log.Warn).Str("method", r.Method).Msg("path_rejected")
+			closeConn(w)
+			writeJSON(w, http.StatusForbidden, map[string]string{"error": "PERMISSION_DENIED", "message": "the request path is not canonical"})
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// canonicalPath reports whether the escaped path and its unescaped form are
+// both absolute and unchanged by path.Clean (a trailing slash aside).
+func canonicalPath(escaped string) bool {
+	decoded, err := url.PathUnescape(escaped)
+	if err != nil {
+		return false
+	}
+	for _, p := range []string{escaped, decoded} {
+		if !strings.HasPrefix(p, "/") {
+			return false
+		}
+		c := path.Clean(p)
+		if strings.HasSuffix(p, "/") && c != "/" {
+			c += "/"
+		}
+		if c != p {
+			return false
+		}
+	}
+	return true
 }
 
 // ServeHTTP serves on ln until ctx ends, then shuts down gracefully.
+// Connections are capped (connguard): those not authenticated yet per
+// client address, and all of them to MCP_MAX_CONNS or half the fd limit.
 func (b *Broker) ServeHTTP(ctx context.Context, ln net.Listener) error {
+	maxConns := connguard.FitToFileLimit(b.cfg.MaxConns)
+	if maxConns < b.cfg.MaxConns {
+		b.log.Warn().Int("max_conns", maxConns).Int("configured", b.cfg.MaxConns).Msg("http_max_conns_lowered_for_fd_limit")
+	}
+	guard := connguard.New(ln, connguard.Limits{MaxConns: maxConns, MaxUntrustedPerAddr: min(b.cfg.UnauthPerAddr, maxConns)})
+	guard.OnClose = func(reason string) {
+		b.refusalLog("http_conn_closed", b.log.Warn).Str("reason", reason).Msg("http_conn_closed")
+	}
 	srv := &http.Server{
 		Handler:           b.HTTPHandler(),
 		ReadHeaderTimeout: 10 * time.Second,
 		IdleTimeout:       2 * time.Minute,
 		MaxHeaderBytes:    64 << 10,
 		BaseContext:       func(net.Listener) context.Context { return ctx },
+		ConnContext:       guard.ConnContext,
+		ConnState:         guard.ConnState,
 	}
 	if b.signer.BaseURL == "" {
 		// Links point at the address actually bound (port 0 included).
@@ -81,7 +136,7 @@ func (b *Broker) ServeHTTP(ctx context.Context, ln net.Listener) error {
 	}
 	b.log.Info().Str("addr", ln.Addr().String()).Msg("http_listening")
 	errc := make(chan error, 1)
-	go func() { errc <- srv.Serve(ln) }()
+	go func() { errc <- srv.Serve(guard) }()
 	select {
 	case err := <-errc:
 		return err
@@ -97,22 +152,17 @@ func (b *Broker) ServeHTTP(ctx context.Context, ln net.Listener) error {
 	return err
 }
 
-// authenticate requires a bearer token that maps to a principal and puts the
-// principal on the request context.
+// authenticate requires a bearer token that maps to a principal, puts the
+// principal on the request context and marks the connection trusted.
 func (b *Broker) authenticate(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		token, ok := bearerToken(r.Header.Get("Authorization"))
 		p, valid := b.tokens.Authenticate(token)
 		if !ok || !valid {
-			challenge := `Bearer realm="sandbox-broker"`
-			if ok {
-				challenge += `, error="invalid_token"`
-			}
-			w.Header().Set("WWW-Authenticate", challenge)
-			b.log.Warn().Str("path", r.URL.Path).Bool("token_present", ok).Msg("auth_rejected")
-			writeJSON(w, http.StatusUnauthorized, map[string]string{"error": "UNAUTHENTICATED", "message": "a valid bearer token is required"})
+			b.unauthorized(w, r, ok)
 			return
 		}
+		connguard.Trust(r.Context())
 		next.ServeHTTP(w, r.WithContext(identity.WithPrincipal(r.Context(), p)))
 	})
 }
@@ -136,11 +186,18 @@ func (b *Broker) limitBody(next http.Handler) http.Handler {
 			return
 		}
 		body, err := io.ReadAll(io.LimitReader(r.Body, max+1))
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			closeConn(w)
+			writeRPCError(w, http.StatusRequestTimeout, -32600, fmt.Sprintf("request body not received within %d s", b.cfg.BodyTimeoutS))
+			return
+		}
 		if err != nil {
+			closeConn(w)
 			writeRPCError(w, http.StatusBadRequest, -32700, "could not read the request body")
 			return
 		}
 		if int64(len(body)) > max {
+			closeConn(w)
 			writeRPCError(w, http.StatusRequestEntityTooLarge, -32600, fmt.Sprintf("request body exceeds %d bytes", max))
 			return
 		}
@@ -180,14 +237,16 @@ func (b *Broker) checkHostOrigin(next http.Handler) http.Handler {
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if !hostOK(r.Host) {
-			b.log.Warn().Msg("host_rejected")
+			b.refusalLog("host_rejected", b.log.Warn).Msg("host_rejected")
+			closeConn(w)
 			writeJSON(w, http.StatusForbidden, map[string]string{"error": "PERMISSION_DENIED", "message": "Host header is not allowed"})
 			return
 		}
 		if o := r.Header.Get("Origin"); o != "" {
 			u, err := url.Parse(o)
 			if err != nil || (!origins[strings.ToLower(strings.TrimRight(o, "/"))] && !hostOK(u.Host)) {
-				b.log.Warn().Msg("origin_rejected")
+				b.refusalLog("origin_rejected", b.log.Warn).Msg("origin_rejected")
+				closeConn(w)
 				writeJSON(w, http.StatusForbidden, map[string]string{"error": "PERMISSION_DENIED", "message": "Origin is not allowed"})
 				return
 			}

@@ -40,7 +40,7 @@ func (b *Broker) previewHandler(ps projects.PreviewServer) http.Handler {
 		}
 		exp, err := b.signer.VerifyPreview(id, proof)
 		if err != nil || !b.projects.Exists(r.Context(), id) {
-			b.log.Info().Str("sandbox_id", id).Bool("signed_query", fromQuery).Msg("preview_denied")
+			b.refusalLog("preview_denied", b.log.Info).Str("sandbox_id", id).Bool("signed_query", fromQuery).Msg("preview_denied")
 			http.Error(w, "preview link invalid or expired: ask for a new preview_url", http.StatusForbidden)
 			return
 		}

@@ -833,3 +833,55 @@ func FuzzVerifyURL(f *testing.F) {
 		}
 	})
 }
+
+// TestSizeCapHoldsWhileTheFileFlips: a sandbox flips a file between under
+// and over the cap while downloads run. The handler checks the size once
+// and must serve at most that many bytes, whatever ServeContent would
+// measure later (issue 15: a 250 MiB Content-Length got through the 64 MiB
+// cap).
+func TestSizeCapHoldsWhileTheFileFlips(t *testing.T) {
+	e := newEnv(t)
+	dir := e.ws(t, idA)
+	const limit = 1 << 20
+	e.handler.MaxFileBytes = limit
+	name := filepath.Join(dir, "flip.bin")
+	writeFile(t, name, "")
+	stop := make(chan struct{})
+	flipped := make(chan struct{})
+	go func() { // sparse files: no disk is used
+		defer close(flipped)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			_ = os.Truncate(name, limit/2)
+			_ = os.Truncate(name, 250<<20)
+		}
+	}()
+	defer func() { close(stop); <-flipped }()
+
+	target := e.srv.URL + e.target(t, idA, "flip.bin")
+	served := 0
+	for i := 0; i < 400; i++ {
+		resp, err := http.Get(target)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resp.StatusCode == http.StatusOK {
+			served++
+			if resp.ContentLength > limit {
+				t.Errorf("request %d: Content-Length %d is over the %d cap", i, resp.ContentLength, limit)
+			}
+		}
+		n, _ := io.Copy(io.Discard, io.LimitReader(resp.Body, limit+1))
+		resp.Body.Close()
+		if n > limit {
+			t.Fatalf("request %d: %d bytes served, over the %d cap", i, n, limit)
+		}
+	}
+	if served == 0 {
+		t.Fatal("no request was served: the flip loop never left the file under the cap")
+	}
+}

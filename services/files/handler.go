@@ -115,8 +115,10 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	hd.Set("Content-Disposition", "attachment; filename*=UTF-8''"+escapeRFC5987(base))
 	h.log("files.served", "workspace", t.WorkspaceID, "path", t.Path, "kid", t.KID,
 		"size", fi.Size(), "method", r.Method, "sig_hash", sigHash(r))
-	// name "" so that ServeContent never guesses a type of its own.
-	http.ServeContent(w, r, "", fi.ModTime(), f)
+	// name "" so that ServeContent never guesses a type of its own. It
+	// measures the size again by seeking: the section pins it to the size
+	// checked above, however the sandbox resizes the file meanwhile.
+	http.ServeContent(w, r, "", fi.ModTime(), io.NewSectionReader(f, 0, fi.Size()))
 }
 
 func (h *Handler) forbidden(w http.ResponseWriter, r *http.Request, reason string) {

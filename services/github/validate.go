@@ -10,6 +10,7 @@ import (
 
 	"github.com/sandbox-broker/sandbox-broker/services/brokererr"
 	"github.com/sandbox-broker/sandbox-broker/services/projects"
+	"github.com/sandbox-broker/sandbox-broker/services/textsafe"
 	"github.com/sandbox-broker/sandbox-broker/services/workspace"
 )
 
@@ -128,15 +129,11 @@ func validateText(field, s string, maxRunes int, multiline bool) error {
 		if c == '\n' && multiline || c == '\t' {
 			continue
 		}
-		if unicode.IsControl(c) || isBidi(c) {
-			return brokererr.New(brokererr.InvalidInput, "%s contains a control character", field)
+		if unicode.IsControl(c) || textsafe.Invisible(c) {
+			return brokererr.New(brokererr.InvalidInput, "%s contains a control or invisible character (%U)", field, c)
 		}
 	}
 	return nil
-}
-
-func isBidi(r rune) bool {
-	return (r >= 0x202A && r <= 0x202E) || (r >= 0x2066 && r <= 0x2069) || r == 0x200E || r == 0x200F || r == 0x061C
 }
 
 // validateCommit checks everything about a commit that needs no network.

@@ -8,6 +8,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/sandbox-broker/sandbox-broker/services/brokererr"
+	"github.com/sandbox-broker/sandbox-broker/services/textsafe"
 )
 
 // Limits on the paths every tool accepts.
@@ -24,8 +25,10 @@ var ProjectForbiddenNames = []string{".env", ".git", "node_modules", ".codesandb
 // slash-separated relative path that is already canonical: it is refused,
 // never cleaned, if it is empty, absolute, longer than MaxPathBytes, deeper
 // than MaxPathDepth, or contains "." or ".." components, empty components
-// ("a//b", "a/"), backslashes, NUL or other control characters, bidi
-// override characters, invalid UTF-8, or anything filepath.IsLocal rejects.
+// ("a//b", "a/"), backslashes, NUL or other control characters, invisible
+// characters (bidi controls, zero-width characters, U+FEFF, line and
+// paragraph separators: textsafe.Invisible), invalid UTF-8, or anything
+// filepath.IsLocal rejects.
 // The returned path equals p.
 //
 // forbiddenPrefixes are names that may not appear as ANY component of the
@@ -52,8 +55,8 @@ func ValidatePath(p string, forbiddenPrefixes ...string) (string, error) {
 		if unicode.IsControl(r) {
 			return "", brokererr.New(brokererr.InvalidInput, "path contains a control character")
 		}
-		if isBidiControl(r) {
-			return "", brokererr.New(brokererr.InvalidInput, "path contains a bidirectional control character")
+		if textsafe.Invisible(r) {
+			return "", brokererr.New(brokererr.InvalidInput, "path contains an invisible or line-separator character (%U)", r)
 		}
 	}
 	if strings.ContainsRune(p, '\\') {
@@ -105,10 +108,4 @@ func forbiddenComponent(s string, names []string) (string, bool) {
 		}
 	}
 	return "", false
-}
-
-// isBidiControl reports the Unicode bidi embedding/override/isolate
-// characters that can disguise a file name's extension in a UI.
-func isBidiControl(r rune) bool {
-	return (r >= 0x202A && r <= 0x202E) || (r >= 0x2066 && r <= 0x2069) || r == 0x200E || r == 0x200F || r == 0x061C
 }

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/sandbox-broker/sandbox-broker/services/brokererr"
+	"github.com/sandbox-broker/sandbox-broker/services/textsafe"
 )
 
 func TestValidatePath(t *testing.T) {
@@ -55,6 +56,16 @@ func TestValidatePath(t *testing.T) {
 		{"a\x7fb", nil, inv},
 		{"a\u0085b", nil, inv},             // C1 control
 		{"invoice\u202Etxt.exe", nil, inv}, // right-to-left override
+		{"a\u2028b.txt", nil, inv},         // line separator
+		{"a\u2029b", nil, inv},             // paragraph separator
+		{"\uFEFFreport.csv", nil, inv},     // BOM / zero-width no-break space
+		{"re\u200Bport.csv", nil, inv},     // zero-width space
+		{"a\u200Db", nil, inv},             // zero-width joiner
+		{"a\u00ADb", nil, inv},             // soft hyphen
+		{"a\U000E0041b", nil, inv},         // tag character
+		{"\u3164.txt", nil, inv},           // Hangul filler
+		{"a\uFE0Fb", nil, inv},             // variation selector
+		{"a\u200Eb", nil, inv},             // left-to-right mark
 		{"bad\xffutf8", nil, inv},
 		{strings.Repeat("a/", MaxPathDepth) + "a", nil, inv},
 		{strings.Repeat("x", MaxNameBytes+1), nil, inv},
@@ -97,7 +108,7 @@ func TestValidatePath(t *testing.T) {
 
 func FuzzValidatePath(f *testing.F) {
 	for _, s := range []string{"a", "a/b", "../x", "a/./b", "/etc/passwd", "a//b", "C:\\x", "a\x00b",
-		".git/config", "résumé.txt", "\xff", "a/..", "..."} {
+		".git/config", "résumé.txt", "\xff", "a/..", "...", "a\u2028b", "\uFEFFx", "a\u200Bb"} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, p string) {
@@ -122,7 +133,7 @@ func FuzzValidatePath(f *testing.F) {
 				t.Fatalf("accepted forbidden component in %q", got)
 			}
 		}
-		if strings.ContainsAny(got, "\\\x00") {
+		if strings.ContainsAny(got, "\\\x00") || strings.ContainsFunc(got, textsafe.Invisible) {
 			t.Fatalf("accepted %q", got)
 		}
 		if again, err := ValidatePath(got, ProjectForbiddenNames...); err != nil || again != got {

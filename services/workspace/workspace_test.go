@@ -477,7 +477,10 @@ func TestList(t *testing.T) {
 	for _, p := range []string{"b.txt", "a/z.txt", "a/b/c.txt", "a-b.txt", "real/x"} {
 		mustWriteFile(t, filepath.Join(dir, p), p)
 	}
-	mustWriteFile(t, filepath.Join(dir, "bad\nname"), "x")                    // invalid name: skipped
+	mustWriteFile(t, filepath.Join(dir, "bad\nname"), "x")                     // invalid name: skipped
+	for _, name := range []string{"ls\u2028x", "\uFEFFb.txt", "b\u200B.txt"} { // invisible: skipped
+		mustWriteFile(t, filepath.Join(dir, name), "x")
+	}
 	mustWriteFile(t, filepath.Join(dir, ".sbx-tmp-abc"), "x")                 // Write's temp: skipped
 	mustSymlink(t, "/etc/passwd", filepath.Join(dir, "passwd"))               // file link: skipped
 	mustSymlink(t, outside, filepath.Join(dir, "outdir"))                     // dir link out: not followed
