@@ -179,7 +179,7 @@ func internalCause(err error) string {
 func (d Deps) auditRejection(ctx context.Context, c *call, outcome audit.Outcome, code brokererr.Code, dur time.Duration) {
 	params := c.params
 	if d.Rejections != nil {
-		allowed, suppressed := d.Rejections.admit(c.principal)
+		allowed, suppressed := d.Rejections.Admit(c.principal)
 		if !allowed {
 			d.Metrics.auditSuppressed.Inc()
 			return

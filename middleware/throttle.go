@@ -30,9 +30,9 @@ func NewRejectionThrottle(perSecond float64, burst int) *RejectionThrottle {
 	return &RejectionThrottle{limit: rate.Limit(perSecond), burst: burst, principals: map[string]*rejections{}, now: time.Now}
 }
 
-// admit reports whether a row may be written now, and how many were
+// Admit reports whether a row may be written now for key, and how many were
 // suppressed since the last admitted one.
-func (t *RejectionThrottle) admit(principal string) (bool, int64) {
+func (t *RejectionThrottle) Admit(principal string) (bool, int64) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	r := t.principals[principal]

@@ -48,6 +48,7 @@ func (b *Broker) HTTPHandler() http.Handler {
 	mux.Handle("/mcp", b.authenticate(mcpHandler))
 	mux.Handle("GET /mcp/events", b.authenticate(mcpHandler))
 	mux.Handle("GET /metrics", b.authenticate(promhttp.HandlerFor(b.metrics.Registry, promhttp.HandlerOpts{})))
+	b.mountOAuth(mux)
 	if ps, ok := b.projectPreviews(); ok {
 		mux.Handle(files.PreviewPrefix, b.previewHandler(ps))
 	}
@@ -102,15 +103,12 @@ func (b *Broker) ServeHTTP(ctx context.Context, ln net.Listener) error {
 func (b *Broker) authenticate(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		token, ok := bearerToken(r.Header.Get("Authorization"))
-		p, valid := b.tokens.Authenticate(token)
+		p, valid, tokenErr := b.principalFor(r, token)
 		if !ok || !valid {
-			challenge := `Bearer realm="sandbox-broker"`
-			if ok {
-				challenge += `, error="invalid_token"`
-			}
+			challenge, status := b.challenge(ok, tokenErr)
 			w.Header().Set("WWW-Authenticate", challenge)
 			b.log.Warn().Str("path", r.URL.Path).Bool("token_present", ok).Msg("auth_rejected")
-			writeJSON(w, http.StatusUnauthorized, map[string]string{"error": "UNAUTHENTICATED", "message": "a valid bearer token is required"})
+			writeJSON(w, status, map[string]string{"error": "UNAUTHENTICATED", "message": "a valid bearer token is required"})
 			return
 		}
 		next.ServeHTTP(w, r.WithContext(identity.WithPrincipal(r.Context(), p)))
