@@ -436,4 +436,3 @@ func runNode(t testing.TB, node, dir string, args []string, env ...string) {
 	}
 	t.Logf("node %s:\n%s", strings.Join(args, " "), summary(string(out)))
 }
-
