@@ -87,7 +87,7 @@ func TestClientCLIs(t *testing.T) {
 				t.Errorf("claude mcp list: %s", line)
 			}
 		case strings.HasPrefix(line, "sandbox-oauth:"):
-			// No token: Claude Code finds the OAuth metadata and asks to sign in.
+			// No token: Claude Code reports that the server needs authentication.
 			if strings.Contains(line, "✔") || !strings.Contains(strings.ToLower(line), "auth") {
 				t.Errorf("claude mcp list, OAuth server without a token: %s", line)
 			}

@@ -111,9 +111,6 @@ func (v *Verifier) Close() {
 	}
 }
 
-// Scope is the scope tokens must carry ("" for none), for challenges.
-func (v *Verifier) Scope() string { return v.scope }
-
 // Verify checks raw and returns its principal.
 func (v *Verifier) Verify(ctx context.Context, raw string) (identity.Principal, error) {
 	if len(raw) > MaxTokenBytes || strings.Count(raw, ".") != 2 {
