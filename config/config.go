@@ -85,6 +85,18 @@ type Config struct {
 	// or files each entry names.
 	GitHubReposFile string `env:"GITHUB_REPOS_FILE" validate:"omitempty,filepath"`
 	GitHubAPIURL    string `env:"GITHUB_API_URL" validate:"http_url"`
+	// OAuth for remote connectors (see EffectiveOAuthMode).
+	OAuthMode           string `env:"OAUTH_MODE" validate:"omitempty,oneof=embedded external off"`
+	OAuthIssuer         string `env:"OAUTH_ISSUER" validate:"omitempty,http_url,max=512"`
+	OAuthAudience       string `env:"OAUTH_AUDIENCE" validate:"omitempty,max=512,printascii"`
+	OAuthScope          string `env:"OAUTH_SCOPE" validate:"omitempty,max=128,printascii,excludesall= "`
+	OAuthPrincipalClaim string `env:"OAUTH_PRINCIPAL_CLAIM" validate:"required,max=64,printascii"`
+	OAuthTierClaim      string `env:"OAUTH_TIER_CLAIM" validate:"omitempty,max=64,printascii"`
+	OAuthTiersFile      string `env:"OAUTH_TIERS_FILE" validate:"omitempty,filepath"`
+	OAuthDefaultTier    string `env:"OAUTH_DEFAULT_TIER" validate:"oneof=free pro none"`
+	OAuthAccessTTLS     int    `env:"OAUTH_ACCESS_TOKEN_TTL_S" validate:"min=60,max=86400"`
+	OAuthRefreshTTLS    int    `env:"OAUTH_REFRESH_TOKEN_TTL_S" validate:"min=3600,max=31536000"`
+	OAuthKeyMaxAgeS     int    `env:"OAUTH_KEY_MAX_AGE_S" validate:"min=3600,max=31536000"`
 }
 
 // Defaults are the embedded defaults: loopback HTTP, state under ./data.
@@ -121,6 +133,12 @@ func Defaults() Config {
 		EgressMaxConns:  32,
 		EgressMaxMB:     256,
 		GitHubAPIURL:    "https://api.github.com/",
+
+		OAuthPrincipalClaim: "sub",
+		OAuthDefaultTier:    "free",
+		OAuthAccessTTLS:     900,
+		OAuthRefreshTTLS:    30 * 24 * 3600,
+		OAuthKeyMaxAgeS:     30 * 24 * 3600,
 	}
 }
 
@@ -140,6 +158,27 @@ func (c Config) IsLoopback() bool {
 	}
 	ip := net.ParseIP(host)
 	return ip != nil && ip.IsLoopback()
+}
+
+// EffectiveOAuthMode is OAUTH_MODE, or its default: embedded when
+// PUBLIC_BASE_URL is an https origin (the embedded issuer must be a root),
+// off otherwise. OAuth applies to HTTP only.
+func (c Config) EffectiveOAuthMode() string {
+	if c.Transport != "http" {
+		return "off"
+	}
+	if c.OAuthMode != "" {
+		return c.OAuthMode
+	}
+	if u, err := url.Parse(c.PublicBaseURL); err == nil && u.Scheme == "https" && strings.Trim(u.Path, "/") == "" {
+		return "embedded"
+	}
+	return "off"
+}
+
+// OAuthResource is the protected resource's identifier: the /mcp URL.
+func (c Config) OAuthResource() string {
+	return strings.TrimSuffix(c.PublicBaseURL, "/") + "/mcp"
 }
 
 // KnownToolsets is filled by the tools package so config can validate names
@@ -273,6 +312,9 @@ func Validate(c Config) error {
 	if err != nil {
 		return fmt.Errorf("config: %w", err)
 	}
+	if err := validateOAuth(c); err != nil {
+		return err
+	}
 	if c.PublicBaseURL != "" {
 		// The value is not echoed: user info or a query may hold a credential.
 		u, err := url.Parse(c.PublicBaseURL)
@@ -285,6 +327,45 @@ func Validate(c Config) error {
 		}
 	}
 	return nil
+}
+
+// validateOAuth checks what OAuth needs: a public https base URL (or
+// loopback http, for tests and local use), and an issuer in external mode.
+func validateOAuth(c Config) error {
+	mode := c.EffectiveOAuthMode()
+	if mode == "off" {
+		return nil
+	}
+	if c.PublicBaseURL == "" {
+		return fmt.Errorf("config: OAUTH_MODE=%s needs PUBLIC_BASE_URL (the https URL clients reach the broker at)", mode)
+	}
+	u, err := url.Parse(c.PublicBaseURL)
+	if err != nil || !(u.Scheme == "https" || u.Scheme == "http" && isLoopbackHost(u.Hostname())) {
+		return fmt.Errorf("config: OAUTH_MODE=%s needs an https PUBLIC_BASE_URL (http only on 127.0.0.1, [::1] or localhost)", mode)
+	}
+	switch mode {
+	case "embedded":
+		if strings.Trim(u.Path, "/") != "" {
+			return errors.New("config: OAUTH_MODE=embedded needs PUBLIC_BASE_URL to be an origin without a path (the issuer must be the root)")
+		}
+	case "external":
+		if c.OAuthIssuer == "" {
+			return errors.New("config: OAUTH_MODE=external needs OAUTH_ISSUER (the identity provider's issuer URL)")
+		}
+		iu, err := url.Parse(c.OAuthIssuer)
+		if err != nil || !(iu.Scheme == "https" || iu.Scheme == "http" && isLoopbackHost(iu.Hostname())) {
+			return errors.New("config: OAUTH_ISSUER must be https (http only on loopback)")
+		}
+	}
+	return nil
+}
+
+func isLoopbackHost(h string) bool {
+	if strings.EqualFold(h, "localhost") {
+		return true
+	}
+	ip := net.ParseIP(h)
+	return ip != nil && ip.IsLoopback()
 }
 
 // fieldName takes "Config.AllowedHosts[0]" to "AllowedHosts".

@@ -36,33 +36,42 @@ func TestEnvParsing(t *testing.T) {
 	KnownToolsets["files"], KnownToolsets["sandbox"] = true, true
 	t.Cleanup(func() { delete(KnownToolsets, "files"); delete(KnownToolsets, "sandbox") })
 	env := map[string]string{
-		"MCP_TRANSPORT":           "stdio",
-		"MCP_HTTP_ADDR":           "0.0.0.0:0",
-		"MCP_API_TOKEN":           apiToken,
-		"MCP_API_PRINCIPAL":       "ci-bot@example.com",
-		"MCP_API_TIER":            "free",
-		"MCP_TOKENS_FILE":         "/etc/broker/tokens.json",
-		"SANDBOX_ROOT":            "/srv/broker",
-		"FILE_SECRET":             fileSecret,
-		"PUBLIC_BASE_URL":         "https://broker.example.com/base",
-		"RATE_LIMIT_PER_MINUTE":   " 42 ",
-		"LOG_LEVEL":               "debug",
-		"AUDIT_HMAC_KEY":          hmacKey,
-		"MCP_ALLOWED_HOSTS":       "broker.example.com, 10.0.0.1,,",
-		"MCP_ALLOWED_ORIGINS":     "https://a.example.com,http://localhost:3000",
-		"MCP_TOOLSETS":            "files, sandbox",
-		"MCP_READ_ONLY":           "true",
-		"MCP_MAX_REQUEST_BYTES":   "4096",
-		"SANDBOX_BACKEND":         "none",
-		"SANDBOX_TIMEOUT":         "30",
-		"SANDBOX_IDLE_TIMEOUT_MS": "60000",
-		"SANDBOX_POOL_SIZE":       "0",
-		"FILE_SECRET_PREVIOUS":    fileSecret + "-old",
-		"SANDBOX_MAX_CONCURRENT":  "4",
-		"SANDBOX_MAX_PER_SESSION": "2",
-		"CSB_API_KEY":             "csb_v1_0123456789",
-		"CSB_API_URL":             "http://127.0.0.1:9/",
-		"GITHUB_REPOS_FILE":       "/etc/broker/repos.json",
+		"MCP_TRANSPORT":            "stdio",
+		"MCP_HTTP_ADDR":            "0.0.0.0:0",
+		"MCP_API_TOKEN":            apiToken,
+		"MCP_API_PRINCIPAL":        "ci-bot@example.com",
+		"MCP_API_TIER":             "free",
+		"MCP_TOKENS_FILE":          "/etc/broker/tokens.json",
+		"SANDBOX_ROOT":             "/srv/broker",
+		"FILE_SECRET":              fileSecret,
+		"PUBLIC_BASE_URL":          "https://broker.example.com/base",
+		"RATE_LIMIT_PER_MINUTE":    " 42 ",
+		"LOG_LEVEL":                "debug",
+		"AUDIT_HMAC_KEY":           hmacKey,
+		"MCP_ALLOWED_HOSTS":        "broker.example.com, 10.0.0.1,,",
+		"MCP_ALLOWED_ORIGINS":      "https://a.example.com,http://localhost:3000",
+		"MCP_TOOLSETS":             "files, sandbox",
+		"MCP_READ_ONLY":            "true",
+		"MCP_MAX_REQUEST_BYTES":    "4096",
+		"SANDBOX_BACKEND":          "none",
+		"SANDBOX_TIMEOUT":          "30",
+		"SANDBOX_IDLE_TIMEOUT_MS":  "60000",
+		"SANDBOX_POOL_SIZE":        "0",
+		"FILE_SECRET_PREVIOUS":     fileSecret + "-old",
+		"SANDBOX_MAX_CONCURRENT":   "4",
+		"SANDBOX_MAX_PER_SESSION":  "2",
+		"CSB_API_KEY":              "csb_v1_0123456789",
+		"CSB_API_URL":              "http://127.0.0.1:9/",
+		"GITHUB_REPOS_FILE":        "/etc/broker/repos.json",
+		"OAUTH_MODE":               "external",
+		"OAUTH_ISSUER":             "https://idp.example.com/",
+		"OAUTH_AUDIENCE":           "api://sandbox-broker",
+		"OAUTH_SCOPE":              "sandbox",
+		"OAUTH_PRINCIPAL_CLAIM":    "email",
+		"OAUTH_TIER_CLAIM":         "broker_tier",
+		"OAUTH_TIERS_FILE":         "/etc/broker/tiers.json",
+		"OAUTH_DEFAULT_TIER":       "none",
+		"OAUTH_ACCESS_TOKEN_TTL_S": "600",
 	}
 	c, err := Load(nil, envOf(env))
 	if err != nil {
@@ -80,6 +89,9 @@ func TestEnvParsing(t *testing.T) {
 		CSBAPIKey: "csb_v1_0123456789", CSBAPIURL: "http://127.0.0.1:9/", GitHubReposFile: "/etc/broker/repos.json",
 		GitHubAPIURL: "https://api.github.com/",
 		MaxConns:     1024, UnauthPerAddr: 64, BodyTimeoutS: 60,
+		OAuthMode: "external", OAuthIssuer: "https://idp.example.com/", OAuthAudience: "api://sandbox-broker", OAuthScope: "sandbox",
+		OAuthPrincipalClaim: "email", OAuthTierClaim: "broker_tier", OAuthTiersFile: "/etc/broker/tiers.json", OAuthDefaultTier: "none",
+		OAuthAccessTTLS: 600, OAuthRefreshTTLS: 30 * 24 * 3600, OAuthKeyMaxAgeS: 30 * 24 * 3600,
 	}
 	if !reflect.DeepEqual(c, want) {
 		t.Errorf("got  %#v\nwant %#v", c, want)
@@ -280,5 +292,47 @@ func TestHTTPLimitsEnv(t *testing.T) {
 	}
 	if c.MaxConns != 200 || c.UnauthPerAddr != 200 || c.BodyTimeoutS != 5 {
 		t.Fatalf("%d %d %d", c.MaxConns, c.UnauthPerAddr, c.BodyTimeoutS)
+	}
+}
+
+func TestOAuthMode(t *testing.T) {
+	base := Defaults()
+	for _, tc := range []struct {
+		name, mode, publicURL, issuer, want, err string
+	}{
+		{name: "no base URL", want: "off"},
+		{name: "http base URL", publicURL: "http://broker.example.com", want: "off"},
+		{name: "https base URL", publicURL: "https://broker.example.com", want: "embedded"},
+		{name: "explicit off", mode: "off", publicURL: "https://broker.example.com", want: "off"},
+		{name: "loopback embedded", mode: "embedded", publicURL: "http://127.0.0.1:8080", want: "embedded"},
+		{name: "localhost embedded", mode: "embedded", publicURL: "http://localhost:8080/", want: "embedded"},
+		{name: "embedded without URL", mode: "embedded", err: "needs PUBLIC_BASE_URL"},
+		{name: "embedded on plain http", mode: "embedded", publicURL: "http://broker.example.com", err: "https PUBLIC_BASE_URL"},
+		{name: "https base URL with a path", publicURL: "https://example.com/broker", want: "off"},
+		{name: "embedded with a path", mode: "embedded", publicURL: "https://example.com/broker", err: "without a path"},
+		{name: "external without issuer", mode: "external", publicURL: "https://broker.example.com", err: "OAUTH_ISSUER"},
+		{name: "external http issuer", mode: "external", publicURL: "https://broker.example.com", issuer: "http://idp.example.com", err: "OAUTH_ISSUER must be https"},
+		{name: "external", mode: "external", publicURL: "https://broker.example.com/base", issuer: "https://idp.example.com/", want: "external"},
+	} {
+		c := base
+		c.OAuthMode, c.PublicBaseURL, c.OAuthIssuer = tc.mode, tc.publicURL, tc.issuer
+		err := Validate(c)
+		if tc.err != "" {
+			if err == nil || !strings.Contains(err.Error(), tc.err) {
+				t.Errorf("%s: error %v, want %q", tc.name, err, tc.err)
+			}
+			continue
+		}
+		if err != nil || c.EffectiveOAuthMode() != tc.want {
+			t.Errorf("%s: mode %q (%v), want %q", tc.name, c.EffectiveOAuthMode(), err, tc.want)
+		}
+	}
+	c := base
+	c.Transport, c.PublicBaseURL = "stdio", "https://broker.example.com"
+	if c.EffectiveOAuthMode() != "off" {
+		t.Error("OAuth on stdio")
+	}
+	if got := (Config{PublicBaseURL: "https://b.example.com/"}).OAuthResource(); got != "https://b.example.com/mcp" {
+		t.Errorf("resource %q", got)
 	}
 }

@@ -92,15 +92,21 @@ func TestTypeScriptSDK(t *testing.T) {
 	t.Logf("node --test passed in %s:\n%s", elapsed, summary(string(out)))
 }
 
-// ensureNodeModules runs npm ci when the SDK is not installed yet.
+// ensureNodeModules runs npm ci when a package of tests/ts/package.json
+// (the SDK, the Inspector CLI, Claude Code) is not installed yet.
 func ensureNodeModules(t *testing.T, npm, dir string) {
 	t.Helper()
-	_, err := os.Stat(filepath.Join(dir, "node_modules", "@modelcontextprotocol", "sdk", "package.json"))
-	if err == nil {
-		return
+	missing := false
+	for _, p := range []string{"@modelcontextprotocol/sdk/package.json", ".bin/mcp-inspector", ".bin/claude"} {
+		_, err := os.Stat(filepath.Join(dir, "node_modules", p))
+		if errors.Is(err, os.ErrNotExist) {
+			missing = true
+		} else if err != nil {
+			t.Fatal(err)
+		}
 	}
-	if !errors.Is(err, os.ErrNotExist) {
-		t.Fatal(err)
+	if !missing {
+		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()

@@ -43,6 +43,7 @@ type Broker struct {
 	quota     *quota.Store
 	metrics   *middleware.Metrics
 	tokens    *identity.Registry // nil on stdio
+	oauth     *brokerOAuth       // nil unless OAuth is on (HTTP only)
 	mcp       *server.MCPServer
 	tools     []tools.ServerTool
 	resources []tools.ServerResource
@@ -132,6 +133,9 @@ func New(ctx context.Context, cfg config.Config, opts Options) (b *Broker, err e
 	}
 	b.metrics = middleware.NewMetrics()
 	b.checks = []check{{"audit_log", b.audit.Ping}, {"state_store", b.quota.Ping}}
+	if err := b.openOAuth(ctx, cfg); err != nil {
+		return nil, fmt.Errorf("oauth: %w", err)
+	}
 	if err := b.openEngine(ctx, cfg); err != nil {
 		return nil, err
 	}
@@ -233,6 +237,7 @@ func (b *Broker) Close() error {
 	if b.backend != nil {
 		errs = append(errs, b.backend.Close(ctx))
 	}
+	errs = append(errs, b.closeOAuth())
 	if b.audit != nil {
 		errs = append(errs, b.audit.Close())
 	}

@@ -51,6 +51,7 @@ func (b *Broker) HTTPHandler() http.Handler {
 	mux.Handle("/mcp", b.authenticate(mcpHandler))
 	mux.Handle("GET /mcp/events", b.authenticate(mcpHandler))
 	mux.Handle("GET /metrics", b.authenticate(promhttp.HandlerFor(b.metrics.Registry, promhttp.HandlerOpts{})))
+	b.mountOAuth(mux)
 	if ps, ok := b.projectPreviews(); ok {
 		mux.Handle(files.PreviewPrefix, b.previewHandler(ps))
 	}
@@ -157,9 +158,9 @@ func (b *Broker) ServeHTTP(ctx context.Context, ln net.Listener) error {
 func (b *Broker) authenticate(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		token, ok := bearerToken(r.Header.Get("Authorization"))
-		p, valid := b.tokens.Authenticate(token)
+		p, valid, tokenErr := b.principalFor(r, token)
 		if !ok || !valid {
-			b.unauthorized(w, r, ok)
+			b.unauthorized(w, r, ok, tokenErr)
 			return
 		}
 		connguard.Trust(r.Context())

@@ -10,6 +10,7 @@ import (
 
 	"github.com/sandbox-broker/sandbox-broker/middleware"
 	"github.com/sandbox-broker/sandbox-broker/services/connguard"
+	"github.com/sandbox-broker/sandbox-broker/services/oauth"
 )
 
 // Limits on what refused HTTP requests may cost (SECURITY.md, Transport
@@ -55,7 +56,7 @@ func (b *Broker) refusalLog(event string, level func() *zerolog.Event) *zerolog.
 // unauthorized answers a request without a valid bearer token: 401 with a
 // challenge, or 429 past the client address's rate, and the connection is
 // closed after it without reading the request body.
-func (b *Broker) unauthorized(w http.ResponseWriter, r *http.Request, tokenPresent bool) {
+func (b *Broker) unauthorized(w http.ResponseWriter, r *http.Request, tokenPresent bool, tokenErr *oauth.TokenError) {
 	closeConn(w)
 	if ok, _ := b.refusals.unauth.Admit(connguard.AddrKey(r.RemoteAddr)); !ok {
 		b.refusalLog("auth_rejected", b.log.Warn).Bool("rate_limited", true).Msg("auth_rejected")
@@ -63,13 +64,10 @@ func (b *Broker) unauthorized(w http.ResponseWriter, r *http.Request, tokenPrese
 		writeJSON(w, http.StatusTooManyRequests, map[string]string{"error": "RATE_LIMIT_EXCEEDED", "message": "too many unauthenticated requests from this address"})
 		return
 	}
-	challenge := `Bearer realm="sandbox-broker"`
-	if tokenPresent {
-		challenge += `, error="invalid_token"`
-	}
+	challenge, status := b.challenge(tokenPresent, tokenErr)
 	w.Header().Set("WWW-Authenticate", challenge)
 	b.refusalLog("auth_rejected", b.log.Warn).Str("path", r.URL.Path).Bool("token_present", tokenPresent).Msg("auth_rejected")
-	writeJSON(w, http.StatusUnauthorized, map[string]string{"error": "UNAUTHENTICATED", "message": "a valid bearer token is required"})
+	writeJSON(w, status, map[string]string{"error": "UNAUTHENTICATED", "message": "a valid bearer token is required"})
 }
 
 // closeConn makes net/http close the connection after this response rather

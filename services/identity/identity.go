@@ -12,6 +12,9 @@ import (
 type Principal struct {
 	ID   string     `json:"principal"`
 	Tier quota.Tier `json:"tier"`
+	// Admin marks an operator (token entry "admin": true, or the embedded
+	// OAuth token's admin claim); nothing grants extra rights for it yet.
+	Admin bool `json:"admin,omitempty"`
 }
 
 type principalKey struct{}

@@ -204,3 +204,34 @@ func TestLoadOrCreateToken(t *testing.T) {
 		t.Error("missing dir accepted")
 	}
 }
+
+func TestAdminAndLookup(t *testing.T) {
+	h := identity.HashToken("tok-admin")
+	got, err := identity.LoadTokensFile(writeFile(t, `[{"principal":"ops","tier":"pro","token_sha256":"`+h+`","admin":true},`+
+		`{"principal":"alice","tier":"free","token_sha256":"`+identity.HashToken("tok-alice")+`"}]`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := identity.NewRegistry(got)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p, ok := r.Authenticate("tok-admin"); !ok || !p.Admin || p.ID != "ops" {
+		t.Errorf("admin token: %+v %v", p, ok)
+	}
+	if p, ok := r.Principal("alice"); !ok || p.Admin || p.Tier != quota.TierFree {
+		t.Errorf("lookup alice: %+v %v", p, ok)
+	}
+	if _, ok := r.Principal("mallory"); ok {
+		t.Error("unknown principal found")
+	}
+	var nilReg *identity.Registry
+	if _, ok := nilReg.Principal("alice"); ok {
+		t.Error("nil registry found a principal")
+	}
+	for id, want := range map[string]bool{"alice": true, "a.b@c-d_e": true, "": false, "a/b": false, "auth0|123": false, ".x": false} {
+		if identity.ValidPrincipal(id) != want {
+			t.Errorf("ValidPrincipal(%q) = %v", id, !want)
+		}
+	}
+}

@@ -27,7 +27,12 @@ type TokenEntry struct {
 	Principal   string `json:"principal"`
 	Tier        string `json:"tier"`
 	TokenSHA256 string `json:"token_sha256"`
+	Admin       bool   `json:"admin,omitempty"`
 }
+
+// ValidPrincipal reports whether id is usable as a principal ID (safe in
+// file names, labels and logs).
+func ValidPrincipal(id string) bool { return principalName.MatchString(id) }
 
 type entry struct {
 	principal Principal
@@ -62,7 +67,7 @@ func NewRegistry(entries []TokenEntry) (*Registry, error) {
 			return nil, fmt.Errorf("entry %d (%s): duplicate principal or token", i, e.Principal)
 		}
 		seenP[e.Principal], seenH[h] = true, true
-		r.entries = append(r.entries, entry{principal: Principal{ID: e.Principal, Tier: tier}, hash: h})
+		r.entries = append(r.entries, entry{principal: Principal{ID: e.Principal, Tier: tier, Admin: e.Admin}, hash: h})
 	}
 	if len(r.entries) == 0 {
 		return nil, errors.New("no tokens configured")
@@ -80,12 +85,12 @@ func LoadTokensFile(path string) ([]TokenEntry, error) {
 	dec := json.NewDecoder(strings.NewReader(string(b)))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&out); err != nil {
-		return nil, fmt.Errorf("not a JSON array of {principal, tier, token_sha256}: %w", err)
+		return nil, fmt.Errorf("not a JSON array of {principal, tier, token_sha256, admin}: %w", err)
 	}
 	// A second value (say, two arrays pasted together) would otherwise be
 	// ignored silently, dropping its tokens.
 	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
-		return nil, errors.New("not a JSON array of {principal, tier, token_sha256}: data after the array")
+		return nil, errors.New("not a JSON array of {principal, tier, token_sha256, admin}: data after the array")
 	}
 	return out, nil
 }
@@ -114,6 +119,20 @@ func (r *Registry) Authenticate(token string) (Principal, bool) {
 		match |= eq
 	}
 	return found, match == 1
+}
+
+// Principal looks a configured principal up by ID (an OAuth grant checks
+// that the principal behind its consent still exists, and its tier).
+func (r *Registry) Principal(id string) (Principal, bool) {
+	if r == nil {
+		return Principal{}, false
+	}
+	for _, e := range r.entries {
+		if e.principal.ID == id {
+			return e.principal, true
+		}
+	}
+	return Principal{}, false
 }
 
 // Principals lists configured principals (for docs and startup logs).
