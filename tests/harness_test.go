@@ -59,6 +59,9 @@ type BrokerOpts struct {
 	Token string // MCP_API_TOKEN; "" = let the broker generate one
 	Env   map[string]string
 	Args  []string
+	// ExtraFiles are inherited by the broker as descriptors 3, 4, …
+	// (nil leaves that number closed), as a launching shell's would be.
+	ExtraFiles []*os.File
 }
 
 type syncBuffer struct {
@@ -112,6 +115,7 @@ func StartHTTP(t testing.TB, o BrokerOpts) *Broker {
 	args := append([]string{"serve", "--transport", "http", "--addr", "127.0.0.1:0"}, o.Args...)
 	cmd := exec.Command(brokerBin, args...)
 	cmd.Env = brokerEnv(o.Root, o.Token, o.Env)
+	cmd.ExtraFiles = o.ExtraFiles
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
 		t.Fatal(err)
