@@ -100,3 +100,33 @@ true`
 		}
 	})
 }
+
+// TestHostLayoutInvisibleInSandbox is issue 15's second defect: a
+// sandbox must not learn where SANDBOX_ROOT lies on the host. Output
+// redaction hides the path in plain text only, so the probe encodes the
+// mount tables (every visible process's mountinfo and mounts, and
+// mountstats) as base64 and the test looks for the host path in the
+// decoded text.
+func TestHostLayoutInvisibleInSandbox(t *testing.T) {
+	eachBackend(t, func(t *testing.T, start func(BrokerOpts) *Broker) {
+		b := start(BrokerOpts{})
+		c := b.Client(t, testToken)
+		r, _ := run(t, c, map[string]any{"language": "bash", "code": `cat /proc/self/mountinfo /proc/self/mountstats /proc/[0-9]*/mountinfo /proc/[0-9]*/mounts 2>/dev/null | sort -u | base64 -w0`})
+		raw, err := base64.StdEncoding.DecodeString(strings.TrimSpace(r.Stdout))
+		if err != nil {
+			t.Fatalf("probe output %q (stderr %q): %v", r.Stdout, r.Stderr, err)
+		}
+		tables := string(raw)
+		if !strings.Contains(tables, " /mnt/data ") {
+			t.Fatalf("the probe did not read the mount table:\n%s", tables)
+		}
+		// The kernel prints a bind mount's source relative to its
+		// filesystem, so look for the root's own unique directory name too.
+		unique := filepath.Base(filepath.Dir(b.Root))
+		for _, leak := range []string{b.Root, unique} {
+			if strings.Contains(tables, leak) {
+				t.Errorf("the sandbox can read the host path %q:\n%s", leak, grepLines(tables, leak))
+			}
+		}
+	})
+}
