@@ -88,7 +88,7 @@ func New(ctx context.Context, cfg config.Config, opts Options) (b *Broker, err e
 	}
 	// Before anything opens a file there: sandboxes must not read Root's
 	// host path from their mount table.
-	root, err := rootfs.Ensure(cfg.Root, cfg.RootOverlay == "auto")
+	rootView, err := rootfs.Ensure(cfg.Root, cfg.RootOverlay == "auto")
 	if err != nil {
 		return nil, fmt.Errorf("SANDBOX_ROOT: %w", err)
 	}
@@ -126,10 +126,10 @@ func New(ctx context.Context, cfg config.Config, opts Options) (b *Broker, err e
 	secrets = append(secrets, fileKeys...)
 	b.redactor = redact.New(secrets, hostRoots(cfg.Root))
 	b.log = logging.New(opts.LogOut, cfg.LogLevel, b.redactor)
-	if root.Private {
-		b.log.Info().Bool("mounted_now", root.Mounted).Msg("sandbox_root_private")
+	if rootView.Private {
+		b.log.Info().Bool("mounted_now", rootView.Mounted).Msg("sandbox_root_private")
 	} else if cfg.Backend != "none" {
-		b.log.Warn().Str("reason", root.Exposed).Msg("sandbox_root_exposed")
+		b.log.Warn().Str("reason", rootView.Exposed).Msg("sandbox_root_exposed")
 	}
 
 	if b.audit, err = audit.Open(ctx, audit.Options{

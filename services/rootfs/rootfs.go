@@ -28,9 +28,9 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// LayerDir is the directory under SANDBOX_ROOT (hidden beneath the
+// layerDir is the directory under SANDBOX_ROOT (hidden beneath the
 // overlay once mounted) that holds the overlay's layers.
-const LayerDir = ".layers"
+const layerDir = ".layers"
 
 const (
 	source  = "sandbox-broker"
@@ -98,8 +98,8 @@ func Ensure(root string, mount bool) (Result, error) {
 // on an unmounted layer (an earlier start mounted it, and the machine
 // has rebooted since): then the broker must not start on an empty root.
 func exposed(root, why string) (Result, error) {
-	if ents, err := os.ReadDir(filepath.Join(root, LayerDir, "upper")); err == nil && len(ents) > 0 {
-		return Result{}, fmt.Errorf("SANDBOX_ROOT's files are in its %s/upper overlay layer, which is not mounted and cannot be (%s); start the broker as root in the host's mount namespace", LayerDir, why)
+	if ents, err := os.ReadDir(filepath.Join(root, layerDir, "upper")); err == nil && len(ents) > 0 {
+		return Result{}, fmt.Errorf("SANDBOX_ROOT's files are in its %s/upper overlay layer, which is not mounted and cannot be (%s); start the broker as root in the host's mount namespace", layerDir, why)
 	}
 	return Result{Exposed: why}, nil
 }
@@ -128,7 +128,7 @@ func cannotMount() string {
 // overlay over root. When anything fails, the files move back and the
 // layers go: root is left as it was.
 func mountOver(root string) (err error) {
-	layers := filepath.Join(root, LayerDir)
+	layers := filepath.Join(root, layerDir)
 	upper := filepath.Join(layers, "upper")
 	for _, d := range []string{layers, filepath.Join(layers, "lower"), upper, filepath.Join(layers, "work")} {
 		if err := os.Mkdir(d, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
@@ -165,7 +165,7 @@ func mountOver(root string) (err error) {
 	if err := os.Chmod(filepath.Join(layers, "lower"), 0o755); err != nil {
 		return err
 	}
-	if err := move(root, upper, LayerDir); err != nil {
+	if err := move(root, upper, layerDir); err != nil {
 		return err
 	}
 	return mountOverlay(layers, root)

@@ -88,7 +88,7 @@ func TestOverlayHidesTheHostPath(t *testing.T) {
 	if fi, err := os.Stat(root); err != nil || fi.Mode().Perm() != 0o711 {
 		t.Errorf("root mode %v, %v; want 0711 as before", fi.Mode(), err)
 	}
-	if _, err := os.Lstat(filepath.Join(root, LayerDir)); err == nil {
+	if _, err := os.Lstat(filepath.Join(root, layerDir)); err == nil {
 		t.Error("the layers are visible inside the root")
 	}
 	ws := t.TempDir()
@@ -119,7 +119,7 @@ func TestOffLeavesTheRootAsItIs(t *testing.T) {
 	if r.Private || r.Exposed == "" {
 		t.Fatalf("Ensure = %+v, want exposed with a reason", r)
 	}
-	if _, err := os.Lstat(filepath.Join(root, LayerDir)); err == nil {
+	if _, err := os.Lstat(filepath.Join(root, layerDir)); err == nil {
 		t.Error("layers created with the overlay off")
 	}
 	mustRead(t, filepath.Join(root, "audit.db"), "rows")
@@ -157,7 +157,7 @@ func TestFailedMountLeavesTheRootAsItWas(t *testing.T) {
 		t.Fatalf("Ensure = %+v, want a failed mount reported", r)
 	}
 	mustRead(t, filepath.Join(root, "audit.db"), "inner rows")
-	if _, err := os.Lstat(filepath.Join(root, LayerDir)); err == nil {
+	if _, err := os.Lstat(filepath.Join(root, layerDir)); err == nil {
 		t.Error("layers left behind after the failed mount")
 	}
 }
