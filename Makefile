@@ -34,7 +34,7 @@ fuzz:
 # Package micro-benchmarks, then the end-to-end engine figures (p50/p95
 # through MCP HTTP, with docker-run and fresh-interpreter baselines).
 bench:
-	$(GO) test -run '^$$' -bench . -benchmem -count=1 ./audit/ ./services/quota/ ./services/agent/ ./services/process/ ./middleware/...
+	$(GO) test -run '^$$' -bench . -benchmem -count=1 ./audit/ ./services/quota/ ./services/agent/ ./services/process/ ./services/rootfs/ ./middleware/...
 	$(GO) test -run '^$$' -bench BenchmarkEngine -benchtime 40x -count=1 ./tests/
 
 docs:

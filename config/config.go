@@ -54,6 +54,7 @@ type Config struct {
 	// Backend "auto" picks docker when its daemon answers, else process.
 	Backend        string `env:"SANDBOX_BACKEND" validate:"oneof=auto docker process none"`
 	Runtime        string `env:"SANDBOX_RUNTIME" validate:"omitempty,oneof=runc runsc"`
+	RootOverlay    string `env:"SANDBOX_ROOT_OVERLAY" validate:"oneof=auto off"` // see services/rootfs
 	TimeoutS       int    `env:"SANDBOX_TIMEOUT" validate:"min=1,max=3600"`
 	MaxTimeoutS    int    `env:"SANDBOX_MAX_TIMEOUT" validate:"min=1,max=3600,gtefield=TimeoutS"`
 	IdleTimeoutMS  int64  `env:"SANDBOX_IDLE_TIMEOUT_MS" validate:"min=1000,max=604800000"`
@@ -114,6 +115,7 @@ func Defaults() Config {
 		UnauthPerAddr:   64,
 		BodyTimeoutS:    60,
 		Backend:         "auto",
+		RootOverlay:     "auto",
 		TimeoutS:        60,
 		MaxTimeoutS:     600,
 		IdleTimeoutMS:   30 * 60 * 1000,

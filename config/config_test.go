@@ -43,6 +43,7 @@ func TestEnvParsing(t *testing.T) {
 		"MCP_API_TIER":             "free",
 		"MCP_TOKENS_FILE":          "/etc/broker/tokens.json",
 		"SANDBOX_ROOT":             "/srv/broker",
+		"SANDBOX_ROOT_OVERLAY":     "off",
 		"FILE_SECRET":              fileSecret,
 		"PUBLIC_BASE_URL":          "https://broker.example.com/base",
 		"RATE_LIMIT_PER_MINUTE":    " 42 ",
@@ -79,7 +80,7 @@ func TestEnvParsing(t *testing.T) {
 	}
 	want := Config{
 		Transport: "stdio", Addr: "0.0.0.0:0", APIToken: apiToken, APIPrincipal: "ci-bot@example.com", APITier: "free",
-		TokensFile: "/etc/broker/tokens.json", Root: "/srv/broker", FileSecret: fileSecret,
+		TokensFile: "/etc/broker/tokens.json", Root: "/srv/broker", RootOverlay: "off", FileSecret: fileSecret,
 		PublicBaseURL: "https://broker.example.com/base", RateLimitPerMinute: 42, LogLevel: "debug", AuditHMACKey: hmacKey,
 		AllowedHosts: []string{"broker.example.com", "10.0.0.1"}, AllowedOrigins: []string{"https://a.example.com", "http://localhost:3000"},
 		Toolsets: []string{"files", "sandbox"}, ReadOnly: true, MaxRequestBytes: 4096,

@@ -62,6 +62,9 @@ type BrokerOpts struct {
 	// NoFile, if set, is the broker's RLIMIT_NOFILE (soft and hard, via
 	// prlimit), so fd-exhaustion tests stay small.
 	NoFile int
+	// ExtraFiles are inherited by the broker as descriptors 3, 4, …
+	// (nil leaves that number closed), as a launching shell's would be.
+	ExtraFiles []*os.File
 }
 
 type syncBuffer struct {
@@ -81,8 +84,12 @@ func (s *syncBuffer) String() string {
 	return s.buf.String()
 }
 
+// brokerEnv is a broker's environment. It leaves SANDBOX_ROOT as it is
+// (SANDBOX_ROOT_OVERLAY=off): an overlay left mounted over a t.TempDir
+// would fail its removal. StartHTTP and StartStdio, which unmount it,
+// turn it on.
 func brokerEnv(root, token string, extra map[string]string) []string {
-	env := []string{"PATH=" + os.Getenv("PATH"), "HOME=" + os.Getenv("HOME"), "SANDBOX_ROOT=" + root, "LOG_LEVEL=debug"}
+	env := []string{"PATH=" + os.Getenv("PATH"), "HOME=" + os.Getenv("HOME"), "SANDBOX_ROOT=" + root, "LOG_LEVEL=debug", "SANDBOX_ROOT_OVERLAY=off"}
 	if token != "" {
 		env = append(env, "MCP_API_TOKEN="+token)
 	}
@@ -117,7 +124,8 @@ func StartHTTP(t testing.TB, o BrokerOpts) *Broker {
 	if o.NoFile > 0 { // prlimit execs the broker: the pid stays the same
 		cmd = exec.Command("prlimit", append([]string{fmt.Sprintf("--nofile=%d:%d", o.NoFile, o.NoFile), "--", brokerBin}, args...)...)
 	}
-	cmd.Env = brokerEnv(o.Root, o.Token, o.Env)
+	cmd.Env = brokerEnv(o.Root, o.Token, withRootOverlay(t, o.Root, o.Env))
+	cmd.ExtraFiles = o.ExtraFiles
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -212,13 +220,25 @@ func StartStdio(t testing.TB, root string, extra map[string]string) *client.Clie
 	if root == "" {
 		root = brokerRoot(t)
 	}
-	env := brokerEnv(root, "", extra)
+	env := brokerEnv(root, "", withRootOverlay(t, root, extra))
 	c, err := client.NewStdioMCPClient(brokerBin, env, "serve", "--transport", "stdio")
 	if err != nil {
 		t.Fatal(err)
 	}
 	initClient(t, c)
 	return c
+}
+
+// withRootOverlay adds SANDBOX_ROOT_OVERLAY=auto to env (unless set), as
+// in production, and unmounts the overlay the broker may leave over root
+// once the test's other cleanups (stopping the broker) have run.
+func withRootOverlay(t testing.TB, root string, env map[string]string) map[string]string {
+	out := map[string]string{"SANDBOX_ROOT_OVERLAY": "auto"}
+	for k, v := range env {
+		out[k] = v
+	}
+	t.Cleanup(func() { _ = syscall.Unmount(root, syscall.MNT_DETACH) })
+	return out
 }
 
 func initClient(t testing.TB, c *client.Client) {

@@ -9,6 +9,8 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+
+	"github.com/sandbox-broker/sandbox-broker/services/inherited"
 )
 
 // version is set with -ldflags "-X main.version=…".
@@ -25,7 +27,21 @@ const usage = `usage:
 `
 
 func main() {
+	if err := dropInherited(os.Args[1:]); err != nil {
+		fmt.Fprintln(os.Stderr, "sandbox-broker: inherited descriptors:", err)
+		os.Exit(1)
+	}
 	os.Exit(run(os.Args[1:], os.Stdin, os.Stdout, os.Stderr, os.Getenv))
+}
+
+// dropInherited keeps descriptors this process inherited from reaching
+// anything it starts: the agent (the sandbox's first program) closes
+// them; every other command marks them close-on-exec.
+func dropInherited(args []string) error {
+	if len(args) > 0 && args[0] == "agent" {
+		return inherited.Close()
+	}
+	return inherited.CloseOnExec()
 }
 
 func run(args []string, stdin io.Reader, stdout, stderr io.Writer, getenv func(string) string) int {

@@ -27,6 +27,7 @@ import (
 	"github.com/sandbox-broker/sandbox-broker/services/logging"
 	"github.com/sandbox-broker/sandbox-broker/services/projects"
 	"github.com/sandbox-broker/sandbox-broker/services/quota"
+	"github.com/sandbox-broker/sandbox-broker/services/rootfs"
 	"github.com/sandbox-broker/sandbox-broker/services/sandbox"
 	"github.com/sandbox-broker/sandbox-broker/services/sessions"
 	"github.com/sandbox-broker/sandbox-broker/tools"
@@ -88,6 +89,12 @@ func New(ctx context.Context, cfg config.Config, opts Options) (b *Broker, err e
 	if cfg.Root, err = filepath.Abs(cfg.Root); err != nil {
 		return nil, fmt.Errorf("SANDBOX_ROOT: %w", err)
 	}
+	// Before anything opens a file there: sandboxes must not read Root's
+	// host path from their mount table.
+	rootView, err := rootfs.Ensure(cfg.Root, cfg.RootOverlay == "auto")
+	if err != nil {
+		return nil, fmt.Errorf("SANDBOX_ROOT: %w", err)
+	}
 	nb := &Broker{cfg: cfg, version: opts.Version, started: time.Now(), sessions: newSessionOwners(), refusals: newHTTPRefusals(),
 		egress: egressQuotas{maxAge: time.Duration(cfg.MaxAgeS) * time.Second}}
 	b = nb
@@ -122,6 +129,11 @@ func New(ctx context.Context, cfg config.Config, opts Options) (b *Broker, err e
 	secrets = append(secrets, fileKeys...)
 	b.redactor = redact.New(secrets, hostRoots(cfg.Root))
 	b.log = logging.New(opts.LogOut, cfg.LogLevel, b.redactor)
+	if rootView.Private {
+		b.log.Info().Bool("mounted_now", rootView.Mounted).Msg("sandbox_root_private")
+	} else if cfg.Backend != "none" {
+		b.log.Warn().Str("reason", rootView.Exposed).Msg("sandbox_root_exposed")
+	}
 
 	if b.audit, err = audit.Open(ctx, audit.Options{
 		Path: filepath.Join(cfg.Root, "audit.db"), CheckpointPath: filepath.Join(cfg.Root, "audit.checkpoints"), Keys: keys,

@@ -18,6 +18,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/sandbox-broker/sandbox-broker/services/agent"
+	"github.com/sandbox-broker/sandbox-broker/services/inherited"
 	"github.com/sandbox-broker/sandbox-broker/services/sandbox"
 )
 
@@ -73,6 +74,10 @@ func buildAgent(dir string) string {
 
 // agentMain is cmd/sandbox-broker's `agent` subcommand.
 func agentMain(args []string) int {
+	if err := inherited.Close(); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
 	fs := flag.NewFlagSet("agent", flag.ContinueOnError)
 	socket := fs.String("socket", filepath.Join(agent.SocketDir, agent.SocketName), "")
 	language := fs.String("language", "", "")

@@ -147,6 +147,37 @@ func TestHostInvisible(t *testing.T) {
 	}
 }
 
+// TestStrayDescriptorNeverReachesSandbox: the launch chain (wrapper,
+// prlimit, bwrap) passes on whatever the broker holds without
+// close-on-exec; the agent closes all of it before any code runs, so a
+// host directory the broker leaked is out of reach (issue 15, defect 1,
+// here without the broker's own close-on-exec pass).
+func TestStrayDescriptorNeverReachesSandbox(t *testing.T) {
+	b := newBackend(t, nil)
+	dir := filepath.Join(newRoot(t), "hostdir")
+	if err := os.Mkdir(dir, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(dir, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	fd, err := syscall.Open(dir, syscall.O_RDONLY|syscall.O_DIRECTORY, 0) // no O_CLOEXEC
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer syscall.Close(fd)
+	s := open(t, b)
+	res := exec1(t, s, "bash", fmt.Sprintf(`touch /proc/self/fd/%d/ESCAPED
+ls /proc/$$/fd >/tmp/own-fds; echo "own: $(sort -n /tmp/own-fds | tr '\n' ' ')"
+for f in /proc/[0-9]*/fd/*; do touch "$f/ESCAPED" 2>/dev/null && echo "wrote via $f"; done; true`, fd), 20*time.Second)
+	if _, err := os.Lstat(filepath.Join(dir, "ESCAPED")); err == nil {
+		t.Errorf("the sandbox wrote into the host directory: %q", res.Stdout)
+	}
+	if !strings.Contains(string(res.Stdout), "own: 0 1 2 255 \n") { // 255: bash's handle on its script
+		t.Errorf("the run's descriptors: %q %q", res.Stdout, res.Stderr)
+	}
+}
+
 func mustJSON(v any) string {
 	b, err := json.Marshal(v)
 	if err != nil {
