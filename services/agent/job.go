@@ -325,8 +325,11 @@ func (j *agentJob) run(ctx context.Context, jc *jobConn, br *bufio.Reader, timeo
 	go func() { defer pumps.Done(); pump(jc, j.errR, sandbox.StreamStderr) }()
 
 	stdinOps := make(chan stdinOp, 1)
+	stdinDone := make(chan struct{})
 	if j.interactive {
-		go j.writeStdin(jc, stdinOps, ended)
+		go func() { defer close(stdinDone); j.writeStdin(jc, stdinOps, ended) }()
+	} else {
+		close(stdinDone)
 	}
 	readerDone := make(chan struct{})
 	go func() {
@@ -366,6 +369,14 @@ func (j *agentJob) run(ctx context.Context, jc *jobConn, br *bufio.Reader, timeo
 		<-pumped
 	}
 	close(ended)
+	// A stdin write the job consumed just before it exited is acknowledged
+	// before the exit frame, so the client never reports it as failed.
+	select {
+	case <-stdinDone:
+	case <-time.After(killGraceWait):
+		closeAll(j.stdin) // unblocks a write no process will ever read
+		<-stdinDone
+	}
 	if j.fwd != nil {
 		j.fwd.close() // before the exit frame: the job's network ends with it
 	}
@@ -478,6 +489,12 @@ func (j *agentJob) writeStdin(jc *jobConn, ops <-chan stdinOp, ended <-chan stru
 			}
 			_ = jc.send(f)
 		case <-ended:
+			select { // settle a command queued as the job ended
+			case op := <-ops:
+				j.stdinBusy.Store(false)
+				_ = jc.send(JobFrame{T: FrameAck, ID: op.id, Error: "the job has ended"})
+			default:
+			}
 			return
 		}
 	}

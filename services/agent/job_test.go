@@ -264,6 +264,25 @@ func TestJobStdin(t *testing.T) {
 	}
 }
 
+// A write the job consumed right before it exited is acknowledged as
+// written: the agent sends its ack before the exit frame, so send_stdin
+// never reports failure for input that was delivered (a race seen under
+// load in the end-to-end jobs test).
+func TestJobStdinConsumedAtExitIsAcknowledged(t *testing.T) {
+	ta := startAgent(t, Options{Language: LangBash})
+	ctx := context.Background()
+	for i := 0; i < 200; i++ { // the race shows in about one run in 200
+		rec := newRecorder()
+		j := ta.startJob(t, JobRequest{Command: "read -r l; echo got:$l", Interactive: true}, rec.sink)
+		if err := j.WriteStdin(ctx, []byte("x\n")); err != nil {
+			t.Fatalf("run %d: WriteStdin of input the job read: %v", i, err)
+		}
+		if x := waitDone(t, j); x.ExitCode != 0 || rec.text("stdout") != "got:x\n" {
+			t.Fatalf("run %d: exit %+v, stdout %q", i, x, rec.text("stdout"))
+		}
+	}
+}
+
 func TestJobSignals(t *testing.T) {
 	ta := startAgent(t, Options{Language: LangBash})
 	ctx := context.Background()
