@@ -27,6 +27,7 @@ func TestClientCLIs(t *testing.T) {
 	operator := "cli-operator-" + strings.Repeat("c", 24)
 	b := startOAuthBroker(t, operator, map[string]string{"SANDBOX_BACKEND": "none"})
 	stdioRoot := brokerRoot(t)
+	withRootOverlay(t, stdioRoot, nil) // the stdio brokers mount it: unmounted at cleanup
 	home := t.TempDir() // Claude Code keeps its server list under HOME,
 	work := t.TempDir() // per project directory
 
