@@ -39,10 +39,34 @@ type URLSigner interface {
 	URL(workspaceID, path string) (string, time.Time, error)
 }
 
-// ExecutionBudget is the per-day execution quota.
+// ExecutionBudget is the per-day execution quota: a run reserves its
+// timeout before it starts and settles with the time it really took.
 type ExecutionBudget interface {
-	CheckExecution(ctx context.Context, principal string, l quota.Limits) (quota.Decision, error)
-	AddExecution(ctx context.Context, principal string, d time.Duration) error
+	ReserveExecution(ctx context.Context, principal string, l quota.Limits, d time.Duration) (quota.Decision, quota.Reservation, error)
+	SettleExecution(ctx context.Context, r quota.Reservation, d time.Duration) error
+}
+
+// reserveExecution holds timeout of p's daily execution budget. The
+// returned settle (call it exactly once) charges the time really spent;
+// it outlives a cancelled call.
+func (e *Engine) reserveExecution(ctx context.Context, p identity.Principal, timeout time.Duration) (settle func(time.Duration), err error) {
+	dec, r, err := e.Exec.ReserveExecution(ctx, p.ID, e.Limits(p), timeout)
+	if err != nil {
+		return nil, brokererr.Wrap(err, brokererr.Unavailable, "quota store unavailable")
+	}
+	switch {
+	case !dec.Allowed && dec.Remaining == 0:
+		return nil, brokererr.New(brokererr.QuotaExceeded, "daily execution time is used up").WithRetryAfter(dec.RetryAfter)
+	case !dec.Allowed:
+		return nil, brokererr.New(brokererr.QuotaExceeded,
+			"%ds of daily execution time are free beside running executions, and a run holds its whole timeout (%ds): lower the timeout or wait",
+			dec.Remaining/1000, int64(timeout/time.Second)).WithRetryAfter(dec.RetryAfter)
+	}
+	return func(d time.Duration) {
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		_ = e.Exec.SettleExecution(sctx, r, d)
+	}, nil
 }
 
 // Output and inline-content caps for one result.
@@ -131,27 +155,20 @@ func RunCode(e *Engine) ServerTool {
 			if e.MaxTimeout > 0 && timeout > e.MaxTimeout {
 				return nil, brokererr.New(brokererr.InvalidInput, "timeout_s may be at most %d", int(e.MaxTimeout/time.Second))
 			}
-			dec, err := e.Exec.CheckExecution(ctx, p.ID, e.Limits(p))
+			settle, err := e.reserveExecution(ctx, p, timeout)
 			if err != nil {
-				return nil, brokererr.Wrap(err, brokererr.Unavailable, "quota store unavailable")
-			}
-			if !dec.Allowed {
-				return nil, brokererr.New(brokererr.QuotaExceeded, "daily execution time is used up").WithRetryAfter(dec.RetryAfter)
+				return nil, err
 			}
 			lease, err := e.Sessions.Acquire(ctx, p.ID, id, true)
 			if err != nil {
+				settle(0)
 				return nil, err
 			}
 			defer lease.Release()
 			stop := newNotifier(ctx, e.Redact).tick(ctx, "run_code", time.Second)
 			res, err := lease.Session.Exec(ctx, sandbox.ExecRequest{Language: a.Language, Code: a.Code, Timeout: timeout, MaxOutputBytes: maxAgentBytes})
 			stop()
-			if res.Duration > 0 {
-				// Spent time counts even when the run failed.
-				actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-				_ = e.Exec.AddExecution(actx, p.ID, res.Duration)
-				cancel()
-			}
+			settle(res.Duration) // spent time counts even when the run failed
 			if err != nil {
 				return nil, err
 			}
