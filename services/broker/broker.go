@@ -29,6 +29,7 @@ import (
 	"github.com/sandbox-broker/sandbox-broker/services/quota"
 	"github.com/sandbox-broker/sandbox-broker/services/sandbox"
 	"github.com/sandbox-broker/sandbox-broker/services/sessions"
+	"github.com/sandbox-broker/sandbox-broker/services/uids"
 	"github.com/sandbox-broker/sandbox-broker/tools"
 )
 
@@ -54,6 +55,8 @@ type Broker struct {
 	projects  *projects.Manager // nil without a project provider
 	github    *github.Manager   // nil without GITHUB_REPOS_FILE
 	signer    *files.Signer
+	uids      *uids.Allocator // sandbox host uids, shared by the engines
+	slots     *sandbox.Slots  // the live-container cap, shared likewise
 	loopCtx   context.Context
 	stop      context.CancelFunc // ends background loops
 	loops     sync.WaitGroup     // background loops, waited for on Close
@@ -217,6 +220,9 @@ func (b *Broker) Close() error {
 	}
 	if b.backend != nil {
 		errs = append(errs, b.backend.Close(ctx))
+	}
+	if b.uids != nil { // after the engines, which free warm containers' uids
+		errs = append(errs, b.uids.Close())
 	}
 	if b.audit != nil {
 		errs = append(errs, b.audit.Close())
