@@ -161,14 +161,14 @@ func (j *Jobs) start(ctx context.Context, p identity.Principal, a *ExecuteCodeAr
 	if a.SandboxConfig != nil && a.SandboxConfig.Network != nil {
 		policy = a.SandboxConfig.Network.Policy
 	}
-	settle, err := e.reserveExecution(ctx, p, timeout)
+	hold, err := e.reserveExecution(ctx, p, timeout)
 	if err != nil {
 		return "", "", err
 	}
 	started := false // from then on OnEnd settles
 	defer func() {
 		if !started {
-			settle(0)
+			hold.settle(0)
 		}
 	}()
 	lease, err := e.Sessions.Acquire(ctx, p.ID, a.SessionID, true)
@@ -176,6 +176,7 @@ func (j *Jobs) start(ctx context.Context, p identity.Principal, a *ExecuteCodeAr
 		return "", "", err
 	}
 	defer lease.Release()
+	hold.started()
 	runner, ok := lease.Session.(sandbox.JobRunner)
 	if !ok {
 		return "", "", brokererr.New(brokererr.Unavailable, "this sandbox backend cannot run executions")
@@ -192,7 +193,7 @@ func (j *Jobs) start(ctx context.Context, p identity.Principal, a *ExecuteCodeAr
 		Principal: p.ID, SessionID: lease.ID, SessionKey: lease.WorkspaceID, Runner: runner, Spec: spec, Network: policy.String(),
 		OnEnd: func(x sandbox.JobExit) {
 			unpin()
-			settle(x.Duration)
+			hold.settle(x.Duration)
 		},
 	})
 	if err != nil {

@@ -76,6 +76,23 @@ func (s *Store) ReserveExecution(ctx context.Context, principal string, l Limits
 	return dec, r, nil
 }
 
+// RenewExecution re-dates r's expiry from now, for a run that waited (for
+// its session, say) before starting: only a broker that stopped leaves a
+// reservation to expire. A reservation that already expired stays charged.
+func (s *Store) RenewExecution(ctx context.Context, r Reservation) error {
+	if r.ID == "" {
+		return nil
+	}
+	return s.writeTx(ctx, func(tx *sql.Tx, now time.Time) error {
+		_, err := tx.ExecContext(ctx, `UPDATE quota_reservations SET expires_at = ?1 WHERE id = ?2`,
+			now.UnixMilli()+r.ms+reservationGrace.Milliseconds(), r.ID)
+		if err != nil {
+			return fmt.Errorf("quota: renew execution: %w", err)
+		}
+		return nil
+	})
+}
+
 // SettleExecution ends r, charging the run's real duration to today's (UTC)
 // bucket, even past the limit: the time was spent. It is rounded up to whole
 // ms; a run spanning midnight counts entirely on the day it settles. If r had

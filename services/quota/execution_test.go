@@ -165,6 +165,31 @@ func TestExpiredReservationIsChargedOnce(t *testing.T) {
 	}
 }
 
+// A run that waited before starting renews its reservation, which then
+// outlives the original expiry.
+func TestRenewedReservationOutlivesItsFirstExpiry(t *testing.T) {
+	ctx := context.Background()
+	c := newClock(t0.Add(time.Hour))
+	s := openStore(t, dbPath(t), c)
+	l := Limits{ExecutionPerDay: 10 * time.Minute}
+	_, r := reserve(t, s, "max", l, time.Minute)
+	c.Add(time.Minute + reservationGrace - time.Second) // waited for its session
+	if err := s.RenewExecution(ctx, r); err != nil {
+		t.Fatal(err)
+	}
+	c.Add(time.Minute) // past the first expiry
+	if d, _ := reserve(t, s, "max", l, 9*time.Minute+time.Second); d.Allowed {
+		t.Fatalf("renewed reservation no longer held: %+v", d)
+	}
+	if u, _ := s.Usage(ctx, "max", l); u.ExecutionUsedToday != 0 {
+		t.Fatalf("renewed reservation charged as expired: %v", u.ExecutionUsedToday)
+	}
+	settle(t, s, r, 30*time.Second)
+	if u, _ := s.Usage(ctx, "max", l); u.ExecutionUsedToday != 30*time.Second {
+		t.Fatalf("used %v, want the real 30s", u.ExecutionUsedToday)
+	}
+}
+
 // The day is the UTC day regardless of the clock's location.
 func TestExecutionDayIsUTC(t *testing.T) {
 	tokyo := time.FixedZone("JST", 9*3600)
