@@ -81,12 +81,14 @@ func (s *Session) StartJob(ctx context.Context, spec sandbox.JobSpec, sink sandb
 	}
 
 	c.jobs.Add(1)
+	e.touchIdle(c)
 	var eg *egressSocket
 	started := false
 	defer func() {
 		if !started {
 			eg.close()
 			c.jobs.Add(-1)
+			e.touchIdle(c)
 		}
 	}()
 	req := agent.JobRequest{
@@ -127,6 +129,7 @@ func (s *Session) StartJob(ctx context.Context, spec sandbox.JobSpec, sink sandb
 		}
 		w.Close()
 		c.jobs.Add(-1)
+		e.touchIdle(c)
 		close(dj.done)
 	}()
 	e.log.Debug().Str("container", shortID(c.dockerID)).Str("language", c.lang).Bool("egress", eg != nil).Msg("job_started")

@@ -172,10 +172,20 @@ func (s *Session) containerLocked(ctx context.Context, r runnerImage) (*ctr, err
 		s.uid = c.uid
 		s.ctrs[r.Language] = c
 	}
-	if s.e.o.IdleTimeout > 0 {
-		c.slot.IdleAt(time.Now().Add(s.e.o.IdleTimeout))
-	}
+	s.e.touchIdle(c)
 	return c, nil
+}
+
+// touchIdle dates when c's session may let it go if unused, for the retry
+// hint at the container cap: never while jobs run in it (they pin it).
+func (e *Engine) touchIdle(c *ctr) {
+	switch {
+	case e.o.IdleTimeout <= 0:
+	case c.jobs.Load() > 0:
+		c.slot.IdleAt(time.Time{})
+	default:
+		c.slot.IdleAt(time.Now().Add(e.o.IdleTimeout))
+	}
 }
 
 // uidLocked returns the session's uid, leasing it on first use. Caller
