@@ -52,11 +52,15 @@ type executionHold struct {
 	e   *Engine
 	ctx context.Context // outlives a cancelled call
 	r   quota.Reservation
+	at  time.Time // when it was reserved
 }
 
-// started re-dates the reservation once the run holds its session (it may
-// have waited for another run in it).
+// started re-dates the reservation once the run holds its session, if it
+// waited (for another run in it) long enough for its expiry to come close.
 func (h executionHold) started() {
+	if time.Since(h.at) < quota.ReservationGrace/2 {
+		return
+	}
 	ctx, cancel := context.WithTimeout(h.ctx, 5*time.Second)
 	defer cancel()
 	_ = h.e.Exec.RenewExecution(ctx, h.r)
@@ -83,7 +87,7 @@ func (e *Engine) reserveExecution(ctx context.Context, p identity.Principal, tim
 			"%ds of daily execution time are free beside running executions, and a run holds its whole timeout (%ds): lower the timeout or wait",
 			dec.Remaining/1000, int64(timeout/time.Second)).WithRetryAfter(dec.RetryAfter)
 	}
-	return executionHold{e: e, ctx: context.WithoutCancel(ctx), r: r}, nil
+	return executionHold{e: e, ctx: context.WithoutCancel(ctx), r: r, at: time.Now()}, nil
 }
 
 // Output and inline-content caps for one result.

@@ -9,11 +9,11 @@ import (
 	"time"
 )
 
-// reservationGrace is how long past its reserved time a reservation lives
+// ReservationGrace is how long past its reserved time a reservation lives
 // before it is charged in full: a run ends (and settles) by its timeout
 // plus the engine's hard-stop margin, so only a broker that died mid-run
 // leaves one behind this long.
-const reservationGrace = 2 * time.Minute
+const ReservationGrace = 2 * time.Minute
 
 // Reservation is execution time held for one run until it is settled.
 type Reservation struct {
@@ -64,7 +64,7 @@ func (s *Store) ReserveExecution(ctx context.Context, principal string, l Limits
 		dec.Remaining = limit - used - held - want
 		r = Reservation{ID: newReservationID(), Principal: principal, ms: want}
 		_, err = tx.ExecContext(ctx, `INSERT INTO quota_reservations (id, principal, ms, expires_at) VALUES (?1, ?2, ?3, ?4)`,
-			r.ID, principal, want, nowMs+want+reservationGrace.Milliseconds())
+			r.ID, principal, want, nowMs+want+ReservationGrace.Milliseconds())
 		if err != nil {
 			return fmt.Errorf("quota: reserve execution: %w", err)
 		}
@@ -85,7 +85,7 @@ func (s *Store) RenewExecution(ctx context.Context, r Reservation) error {
 	}
 	return s.writeTx(ctx, func(tx *sql.Tx, now time.Time) error {
 		_, err := tx.ExecContext(ctx, `UPDATE quota_reservations SET expires_at = ?1 WHERE id = ?2`,
-			now.UnixMilli()+r.ms+reservationGrace.Milliseconds(), r.ID)
+			now.UnixMilli()+r.ms+ReservationGrace.Milliseconds(), r.ID)
 		if err != nil {
 			return fmt.Errorf("quota: renew execution: %w", err)
 		}

@@ -117,7 +117,7 @@ func TestConcurrentReservationsCannotOverspend(t *testing.T) {
 	// The refusal names when the held time comes back: the reservation's
 	// expiry at the latest.
 	d, _ := reserve(t, stores[1], "jo", l, 45*time.Second)
-	if d.Allowed || d.RetryAfter <= 0 || d.RetryAfter > 45*time.Second+reservationGrace {
+	if d.Allowed || d.RetryAfter <= 0 || d.RetryAfter > 45*time.Second+ReservationGrace {
 		t.Fatalf("while held: %+v", d)
 	}
 	// Another principal has its own budget.
@@ -148,7 +148,7 @@ func TestExpiredReservationIsChargedOnce(t *testing.T) {
 	if d, _ := reserve(t, s, "lee", l, 7*time.Minute); d.Allowed {
 		t.Fatalf("held time was handed out again: %+v", d)
 	}
-	c.Add(3*time.Minute + reservationGrace)
+	c.Add(3*time.Minute + ReservationGrace)
 	s2 := openStore(t, path, c) // a restart settles what expired
 	u, err := s2.Usage(ctx, "lee", l)
 	if err != nil {
@@ -173,7 +173,7 @@ func TestRenewedReservationOutlivesItsFirstExpiry(t *testing.T) {
 	s := openStore(t, dbPath(t), c)
 	l := Limits{ExecutionPerDay: 10 * time.Minute}
 	_, r := reserve(t, s, "max", l, time.Minute)
-	c.Add(time.Minute + reservationGrace - time.Second) // waited for its session
+	c.Add(time.Minute + ReservationGrace - time.Second) // waited for its session
 	if err := s.RenewExecution(ctx, r); err != nil {
 		t.Fatal(err)
 	}
