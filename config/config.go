@@ -71,8 +71,11 @@ type Config struct {
 	MaxConcurrent  int   `env:"SANDBOX_MAX_CONCURRENT" validate:"min=1,max=1000"`
 	MaxPerSession  int   `env:"SANDBOX_MAX_PER_SESSION" validate:"min=1,max=100,ltefield=MaxConcurrent"`
 	JobLogMaxBytes int64 `env:"SANDBOX_JOB_LOG_MAX_BYTES" validate:"min=65536,max=1073741824"`
-	ProcessUID     int   `env:"SANDBOX_PROCESS_UID" validate:"min=1,max=4294967294"`
-	ProcessUIDs    int   `env:"SANDBOX_PROCESS_UIDS" validate:"min=1,max=16777216"`
+	// SandboxUID..+SandboxUIDs are the host uids sandboxes run as, one per
+	// session, on both backends.
+	SandboxUID     int   `env:"SANDBOX_UID" validate:"min=1,max=4294967294"`
+	SandboxUIDs    int   `env:"SANDBOX_UIDS" validate:"min=1,max=16777216"`
+	MaxContainers  int   `env:"SANDBOX_MAX_CONTAINERS" validate:"min=1,max=10000"`
 	EgressMaxConns int   `env:"EGRESS_MAX_CONNS" validate:"min=1,max=10000"`
 	EgressMaxMB    int64 `env:"EGRESS_MAX_MB" validate:"min=1,max=1048576"`
 	// Hosted project sandboxes; without CSB_API_KEY projects run locally.
@@ -130,8 +133,9 @@ func Defaults() Config {
 		MaxConcurrent:   10,
 		MaxPerSession:   5,
 		JobLogMaxBytes:  8 << 20,
-		ProcessUID:      1_900_000_000,
-		ProcessUIDs:     65536,
+		SandboxUID:      1_900_000_000,
+		SandboxUIDs:     65536,
+		MaxContainers:   12,
 		EgressMaxConns:  32,
 		EgressMaxMB:     256,
 		GitHubAPIURL:    "https://api.github.com/",
@@ -193,6 +197,11 @@ func Load(args []string, getenv func(string) string) (Config, error) {
 	c := Defaults()
 	if err := applyEnv(&c, getenv); err != nil {
 		return Config{}, err
+	}
+	for old, name := range map[string]string{"SANDBOX_PROCESS_UID": "SANDBOX_UID", "SANDBOX_PROCESS_UIDS": "SANDBOX_UIDS"} {
+		if getenv(old) != "" { // not silently ignored: it placed sandboxes' uids
+			return Config{}, fmt.Errorf("config: %s is now %s (it applies to both backends)", old, name)
+		}
 	}
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	fs.SetOutput(discard{})

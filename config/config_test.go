@@ -86,7 +86,7 @@ func TestEnvParsing(t *testing.T) {
 		Toolsets: []string{"files", "sandbox"}, ReadOnly: true, MaxRequestBytes: 4096,
 		Backend: "none", TimeoutS: 30, MaxTimeoutS: 600, IdleTimeoutMS: 60000, MaxAgeS: 86400, PoolSize: 0,
 		MemoryMB: 512, CPUs: 1000, PidsLimit: 256, MaxFiles: 1000, MaxWorkspaceMB: 512, FileURLTTLS: 3600, FileSecretPrev: fileSecret + "-old",
-		MaxConcurrent: 4, MaxPerSession: 2, JobLogMaxBytes: 8 << 20, ProcessUID: 1_900_000_000, ProcessUIDs: 65536, EgressMaxConns: 32, EgressMaxMB: 256,
+		MaxConcurrent: 4, MaxPerSession: 2, JobLogMaxBytes: 8 << 20, SandboxUID: 1_900_000_000, SandboxUIDs: 65536, MaxContainers: 12, EgressMaxConns: 32, EgressMaxMB: 256,
 		CSBAPIKey: "csb_v1_0123456789", CSBAPIURL: "http://127.0.0.1:9/", GitHubReposFile: "/etc/broker/repos.json",
 		GitHubAPIURL: "https://api.github.com/",
 		MaxConns:     1024, UnauthPerAddr: 64, BodyTimeoutS: 60,
@@ -102,6 +102,17 @@ func TestEnvParsing(t *testing.T) {
 	}
 	if got := c.SecretValues(); !reflect.DeepEqual(got, []string{apiToken, fileSecret, fileSecret + "-old", hmacKey, "csb_v1_0123456789"}) {
 		t.Errorf("SecretValues = %v", got)
+	}
+}
+
+// The process backend's old uid range variables now apply to both
+// backends under new names; setting an old one is an error, not ignored.
+func TestRenamedUIDVariablesRefused(t *testing.T) {
+	for old, name := range map[string]string{"SANDBOX_PROCESS_UID": "SANDBOX_UID", "SANDBOX_PROCESS_UIDS": "SANDBOX_UIDS"} {
+		_, err := Load(nil, envOf(map[string]string{old: "2000000000"}))
+		if err == nil || !strings.Contains(err.Error(), name) {
+			t.Errorf("%s: %v, want an error naming %s", old, err, name)
+		}
 	}
 }
 

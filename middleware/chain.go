@@ -1,6 +1,7 @@
 // Package middleware wraps every tool handler in the same chain:
 // identity → validation → rate limit → audit (intent) → handler →
-// audit (outcome) → error sanitising → output redaction.
+// audit (outcome) → error sanitising → output redaction. Calls refused at
+// validation count toward the rate limit too.
 package middleware
 
 import (
@@ -243,30 +244,43 @@ func (d Deps) identity(next server.ToolHandlerFunc) server.ToolHandlerFunc {
 }
 
 // validate decodes the arguments strictly into the tool's struct, checks
-// them, and hands the typed value to the handler through the context.
+// them, and hands the typed value to the handler through the context. A
+// refused call still counts toward the caller's rate limit (nothing else
+// happens for it), so a flood of invalid calls meets RATE_LIMIT_EXCEEDED
+// like any other flood.
 func (d Deps) validate(next server.ToolHandlerFunc) server.ToolHandlerFunc {
 	return func(ctx context.Context, req mcp.CallToolRequest) (*mcp.CallToolResult, error) {
-		spec, ok := d.Specs(req.Params.Name)
-		if !ok {
-			return nil, fmt.Errorf("tool %q has no argument spec", req.Params.Name)
-		}
-		raw, err := rawArguments(req)
+		v, err := d.decodeArgs(ctx, req)
 		if err != nil {
-			return nil, brokererr.Wrap(err, brokererr.InvalidInput, "arguments could not be read")
-		}
-		if len(raw) > spec.MaxBytes {
-			return nil, brokererr.New(brokererr.InvalidInput, "arguments are %d bytes; this tool accepts at most %d", len(raw), spec.MaxBytes)
-		}
-		v, err := spec.decode(raw)
-		if err != nil {
+			if lerr := d.allowCall(ctx, req.Params.Name); lerr != nil {
+				return nil, lerr
+			}
 			return nil, err
-		}
-		c := callFrom(ctx)
-		if b, err := json.Marshal(redactParams(d.Redactor, spec.summary(v))); err == nil {
-			c.params = b
 		}
 		return next(context.WithValue(ctx, argsKey{}, v), req)
 	}
+}
+
+func (d Deps) decodeArgs(ctx context.Context, req mcp.CallToolRequest) (any, error) {
+	spec, ok := d.Specs(req.Params.Name)
+	if !ok {
+		return nil, fmt.Errorf("tool %q has no argument spec", req.Params.Name)
+	}
+	raw, err := rawArguments(req)
+	if err != nil {
+		return nil, brokererr.Wrap(err, brokererr.InvalidInput, "arguments could not be read")
+	}
+	if len(raw) > spec.MaxBytes {
+		return nil, brokererr.New(brokererr.InvalidInput, "arguments are %d bytes; this tool accepts at most %d", len(raw), spec.MaxBytes)
+	}
+	v, err := spec.decode(raw)
+	if err != nil {
+		return nil, err
+	}
+	if b, err := json.Marshal(redactParams(d.Redactor, spec.summary(v))); err == nil {
+		callFrom(ctx).params = b
+	}
+	return v, nil
 }
 
 func redactParams(r *redact.Redactor, m map[string]any) any {
@@ -283,18 +297,26 @@ func redactParams(r *redact.Redactor, m map[string]any) any {
 // SQLite so a restart does not reset it.
 func (d Deps) rateLimit(next server.ToolHandlerFunc) server.ToolHandlerFunc {
 	return func(ctx context.Context, req mcp.CallToolRequest) (*mcp.CallToolResult, error) {
-		p, _ := identity.FromContext(ctx)
-		dec, err := d.Limiter.AllowCall(ctx, p.ID, d.Limits(p))
-		if err != nil {
-			return nil, brokererr.Wrap(err, brokererr.Unavailable, "rate limiter unavailable; try again")
-		}
-		if !dec.Allowed {
-			d.Metrics.rateLimited.WithLabelValues(req.Params.Name).Inc()
-			return nil, brokererr.New(brokererr.RateLimitExceeded,
-				"rate limit of %d calls per minute reached", dec.Limit).WithRetryAfter(dec.RetryAfter)
+		if err := d.allowCall(ctx, req.Params.Name); err != nil {
+			return nil, err
 		}
 		return next(ctx, req)
 	}
+}
+
+// allowCall takes one call from the principal's per-minute budget.
+func (d Deps) allowCall(ctx context.Context, tool string) error {
+	p, _ := identity.FromContext(ctx)
+	dec, err := d.Limiter.AllowCall(ctx, p.ID, d.Limits(p))
+	if err != nil {
+		return brokererr.Wrap(err, brokererr.Unavailable, "rate limiter unavailable; try again")
+	}
+	if !dec.Allowed {
+		d.Metrics.rateLimited.WithLabelValues(tool).Inc()
+		return brokererr.New(brokererr.RateLimitExceeded,
+			"rate limit of %d calls per minute reached", dec.Limit).WithRetryAfter(dec.RetryAfter)
+	}
+	return nil
 }
 
 // audit writes the intent before the handler runs and the outcome after.

@@ -450,6 +450,35 @@ func TestChainRateLimit(t *testing.T) {
 	}
 }
 
+// Calls refused at validation still count toward the rate limit: a flood
+// of invalid calls meets RATE_LIMIT_EXCEEDED, and validation still comes
+// first (no handler, no intent row, INVALID_INPUT while under the limit).
+func TestChainInvalidCallsCountTowardRateLimit(t *testing.T) {
+	hx := newHarness(t, harnessOpts{callsPerMinute: 3})
+	for i := 0; i < 3; i++ {
+		errBody(t, hx.call(alice(), `{"evil":1}`), brokererr.InvalidInput)
+	}
+	body := errBody(t, hx.call(alice(), `{"evil":1}`), brokererr.RateLimitExceeded)
+	if ra, ok := body["retry_after_s"].(float64); !ok || ra < 1 {
+		t.Errorf("retry_after_s = %v", body["retry_after_s"])
+	}
+	// The invalid calls spent the budget of valid ones too.
+	errBody(t, hx.call(alice(), `{"path":"a"}`), brokererr.RateLimitExceeded)
+	if n := hx.calls.Load(); n != 0 {
+		t.Fatalf("handler ran %d times", n)
+	}
+	for _, r := range hx.rows() {
+		if r.Phase != audit.PhaseOutcome {
+			t.Errorf("refused call wrote a %s row", r.Phase)
+		}
+	}
+	// Another principal is unaffected.
+	bob := identity.WithPrincipal(context.Background(), identity.Principal{ID: "bob", Tier: quota.TierFree})
+	if res := hx.call(bob, `{"path":"a"}`); res.IsError {
+		t.Fatalf("bob refused: %v", res.StructuredContent)
+	}
+}
+
 func TestChainAuditFailClosed(t *testing.T) {
 	hx := newHarness(t, harnessOpts{})
 	if err := hx.log.Close(); err != nil {

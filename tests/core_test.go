@@ -372,10 +372,10 @@ func TestCanaryNeverLeaks(t *testing.T) {
 
 func TestAuditRecordsEveryCallAndVerifies(t *testing.T) {
 	tokens, tok := writeTokens(t, map[string]string{"auditor": "free"})
-	b := StartHTTP(t, BrokerOpts{Env: map[string]string{"MCP_TOKENS_FILE": tokens, "RATE_LIMIT_PER_MINUTE": "2"}})
+	b := StartHTTP(t, BrokerOpts{Env: map[string]string{"MCP_TOKENS_FILE": tokens, "RATE_LIMIT_PER_MINUTE": "3"}})
 	c := b.Client(t, tok["auditor"])
 	callTool(t, c, "get_usage", nil)
-	callTool(t, c, "get_usage", map[string]any{"bogus": true}) // refused before the rate limit: not counted
+	callTool(t, c, "get_usage", map[string]any{"bogus": true}) // refused at validation, and counted
 	callTool(t, c, "get_usage", nil)
 	callTool(t, c, "get_usage", nil)
 	b.Stop(t)

@@ -161,18 +161,22 @@ func (j *Jobs) start(ctx context.Context, p identity.Principal, a *ExecuteCodeAr
 	if a.SandboxConfig != nil && a.SandboxConfig.Network != nil {
 		policy = a.SandboxConfig.Network.Policy
 	}
-	dec, err := e.Exec.CheckExecution(ctx, p.ID, e.Limits(p))
+	hold, err := e.reserveExecution(ctx, p, timeout)
 	if err != nil {
-		return "", "", brokererr.Wrap(err, brokererr.Unavailable, "quota store unavailable")
+		return "", "", err
 	}
-	if !dec.Allowed {
-		return "", "", brokererr.New(brokererr.QuotaExceeded, "daily execution time is used up").WithRetryAfter(dec.RetryAfter)
-	}
+	started := false // from then on OnEnd settles
+	defer func() {
+		if !started {
+			hold.settle(0)
+		}
+	}()
 	lease, err := e.Sessions.Acquire(ctx, p.ID, a.SessionID, true)
 	if err != nil {
 		return "", "", err
 	}
 	defer lease.Release()
+	hold.started()
 	runner, ok := lease.Session.(sandbox.JobRunner)
 	if !ok {
 		return "", "", brokererr.New(brokererr.Unavailable, "this sandbox backend cannot run executions")
@@ -184,16 +188,12 @@ func (j *Jobs) start(ctx context.Context, p identity.Principal, a *ExecuteCodeAr
 		}
 	}
 	unpin := lease.Pin()
-	principal := p.ID
+	started = true
 	id, err := j.Jobs.Start(ctx, jobs.StartRequest{
 		Principal: p.ID, SessionID: lease.ID, SessionKey: lease.WorkspaceID, Runner: runner, Spec: spec, Network: policy.String(),
 		OnEnd: func(x sandbox.JobExit) {
 			unpin()
-			if x.Duration > 0 {
-				bctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-				_ = e.Exec.AddExecution(bctx, principal, x.Duration)
-				cancel()
-			}
+			hold.settle(x.Duration)
 		},
 	})
 	if err != nil {

@@ -37,10 +37,55 @@ type URLSigner interface {
 	URL(workspaceID, path string) (string, time.Time, error)
 }
 
-// ExecutionBudget is the per-day execution quota.
+// ExecutionBudget is the per-day execution quota: a run reserves its
+// timeout before it starts and settles with the time it really took.
 type ExecutionBudget interface {
-	CheckExecution(ctx context.Context, principal string, l quota.Limits) (quota.Decision, error)
-	AddExecution(ctx context.Context, principal string, d time.Duration) error
+	ReserveExecution(ctx context.Context, principal string, l quota.Limits, d time.Duration) (quota.Decision, quota.Reservation, error)
+	RenewExecution(ctx context.Context, r quota.Reservation) error
+	SettleExecution(ctx context.Context, r quota.Reservation, d time.Duration) error
+}
+
+// executionHold is a run's reservation of the daily execution budget.
+type executionHold struct {
+	e   *Engine
+	ctx context.Context // outlives a cancelled call
+	r   quota.Reservation
+	at  time.Time // when it was reserved
+}
+
+// started re-dates the reservation once the run holds its session, if it
+// waited (for another run in it) long enough for its expiry to come close.
+func (h executionHold) started() {
+	if time.Since(h.at) < quota.ReservationGrace/2 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(h.ctx, 5*time.Second)
+	defer cancel()
+	_ = h.e.Exec.RenewExecution(ctx, h.r)
+}
+
+// settle charges the time really spent; call it exactly once.
+func (h executionHold) settle(d time.Duration) {
+	ctx, cancel := context.WithTimeout(h.ctx, 5*time.Second)
+	defer cancel()
+	_ = h.e.Exec.SettleExecution(ctx, h.r, d)
+}
+
+// reserveExecution holds timeout of p's daily execution budget.
+func (e *Engine) reserveExecution(ctx context.Context, p identity.Principal, timeout time.Duration) (executionHold, error) {
+	dec, r, err := e.Exec.ReserveExecution(ctx, p.ID, e.Limits(p), timeout)
+	if err != nil {
+		return executionHold{}, brokererr.Wrap(err, brokererr.Unavailable, "quota store unavailable")
+	}
+	switch {
+	case !dec.Allowed && dec.Remaining == 0:
+		return executionHold{}, brokererr.New(brokererr.QuotaExceeded, "daily execution time is used up").WithRetryAfter(dec.RetryAfter)
+	case !dec.Allowed:
+		return executionHold{}, brokererr.New(brokererr.QuotaExceeded,
+			"%ds of daily execution time are free beside running executions, and a run holds its whole timeout (%ds): lower the timeout or wait",
+			dec.Remaining/1000, int64(timeout/time.Second)).WithRetryAfter(dec.RetryAfter)
+	}
+	return executionHold{e: e, ctx: context.WithoutCancel(ctx), r: r, at: time.Now()}, nil
 }
 
 // Output and inline-content caps for one result.
@@ -121,27 +166,21 @@ func RunCode(e *Engine) ServerTool {
 			if e.MaxTimeout > 0 && timeout > e.MaxTimeout {
 				return nil, brokererr.New(brokererr.InvalidInput, "timeout_s may be at most %d", int(e.MaxTimeout/time.Second))
 			}
-			dec, err := e.Exec.CheckExecution(ctx, p.ID, e.Limits(p))
-			if err != nil {
-				return nil, brokererr.Wrap(err, brokererr.Unavailable, "quota store unavailable")
-			}
-			if !dec.Allowed {
-				return nil, brokererr.New(brokererr.QuotaExceeded, "daily execution time is used up").WithRetryAfter(dec.RetryAfter)
-			}
-			lease, err := e.Sessions.Acquire(ctx, p.ID, id, true)
+			hold, err := e.reserveExecution(ctx, p, timeout)
 			if err != nil {
 				return nil, err
 			}
+			lease, err := e.Sessions.Acquire(ctx, p.ID, id, true)
+			if err != nil {
+				hold.settle(0)
+				return nil, err
+			}
 			defer lease.Release()
+			hold.started()
 			stop := newNotifier(ctx, e.Redact).tick(ctx, "run_code", time.Second)
 			res, err := lease.Session.Exec(ctx, sandbox.ExecRequest{Language: a.Language, Code: a.Code, Timeout: timeout, MaxOutputBytes: maxAgentBytes})
 			stop()
-			if res.Duration > 0 {
-				// Spent time counts even when the run failed.
-				actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-				_ = e.Exec.AddExecution(actx, p.ID, res.Duration)
-				cancel()
-			}
+			hold.settle(res.Duration) // spent time counts even when the run failed
 			if err != nil {
 				return nil, err
 			}

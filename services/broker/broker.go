@@ -30,6 +30,7 @@ import (
 	"github.com/sandbox-broker/sandbox-broker/services/rootfs"
 	"github.com/sandbox-broker/sandbox-broker/services/sandbox"
 	"github.com/sandbox-broker/sandbox-broker/services/sessions"
+	"github.com/sandbox-broker/sandbox-broker/services/uids"
 	"github.com/sandbox-broker/sandbox-broker/tools"
 )
 
@@ -57,6 +58,8 @@ type Broker struct {
 	projects  *projects.Manager // nil without a project provider
 	github    *github.Manager   // nil without GITHUB_REPOS_FILE
 	signer    *files.Signer
+	uids      *uids.Allocator // sandbox host uids, shared by the engines
+	slots     *sandbox.Slots  // the live-container cap, shared likewise
 	loopCtx   context.Context
 	stop      context.CancelFunc // ends background loops
 	loops     sync.WaitGroup     // background loops, waited for on Close
@@ -248,6 +251,9 @@ func (b *Broker) Close() error {
 	}
 	if b.backend != nil {
 		errs = append(errs, b.backend.Close(ctx))
+	}
+	if b.uids != nil { // after the engines, which free warm containers' uids
+		errs = append(errs, b.uids.Close())
 	}
 	errs = append(errs, b.closeOAuth())
 	if b.audit != nil {

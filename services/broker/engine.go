@@ -26,6 +26,7 @@ import (
 	"github.com/sandbox-broker/sandbox-broker/services/projects/local"
 	"github.com/sandbox-broker/sandbox-broker/services/sandbox"
 	"github.com/sandbox-broker/sandbox-broker/services/sessions"
+	"github.com/sandbox-broker/sandbox-broker/services/uids"
 	"github.com/sandbox-broker/sandbox-broker/services/workspace"
 	"github.com/sandbox-broker/sandbox-broker/tools"
 )
@@ -64,6 +65,10 @@ func (b *Broker) openEngine(ctx context.Context, cfg config.Config) error {
 	if err != nil {
 		return fmt.Errorf("install the sandbox agent: %w", err)
 	}
+	if b.uids, err = uids.Open(ctx, filepath.Join(cfg.Root, "state.db"), cfg.SandboxUID, cfg.SandboxUIDs); err != nil {
+		return fmt.Errorf("SANDBOX_UID/SANDBOX_UIDS: %w", err)
+	}
+	b.slots = sandbox.NewSlots(cfg.MaxContainers)
 	eng, dockerOK, err := b.openBackend(ctx, cfg, agentBin)
 	if err != nil {
 		b.log.Error().Str("backend", cfg.Backend).Str("cause", b.redactor.Message(err.Error(), 300)).Msg("sandbox_backend_unavailable")
@@ -144,6 +149,9 @@ func (b *Broker) openBackend(ctx context.Context, cfg config.Config, agentBin st
 			Runtime:     cfg.Runtime,
 			InstanceID:  instanceID(),
 			Languages:   agent.RunLanguages,
+			UIDs:        b.uids,
+			Slots:       b.slots,
+			IdleTimeout: time.Duration(cfg.IdleTimeoutMS) * time.Millisecond,
 			Log:         b.log, // the engine names its component
 			WorkspaceLimits: workspace.Limits{MaxFiles: cfg.MaxFiles, MaxBytes: cfg.MaxWorkspaceMB << 20,
 				MaxFileBytes: min(cfg.MaxWorkspaceMB<<20, 64<<20)},
@@ -160,9 +168,7 @@ func (b *Broker) openBackend(ctx context.Context, cfg config.Config, agentBin st
 	eng, err := process.New(ctx, process.Options{
 		Root:        cfg.Root,
 		AgentBinary: agentBin,
-		UID:         cfg.ProcessUID,
-		GID:         cfg.ProcessUID,
-		UIDs:        cfg.ProcessUIDs,
+		UIDs:        b.uids,
 		MemoryBytes: cfg.MemoryMB << 20,
 		PidsLimit:   cfg.PidsLimit,
 		CPUMilli:    int64(cfg.CPUs),
@@ -280,6 +286,8 @@ func (b *Broker) openProjects(ctx context.Context, cfg config.Config, agentBin s
 				return u, err
 			},
 			Runtime: cfg.Runtime,
+			UIDs:    b.uids,
+			Slots:   b.slots,
 			Log:     b.log, // the provider names its component
 		})
 	default:

@@ -32,6 +32,7 @@ import (
 	"github.com/sandbox-broker/sandbox-broker/services/agent"
 	"github.com/sandbox-broker/sandbox-broker/services/brokererr"
 	"github.com/sandbox-broker/sandbox-broker/services/sandbox"
+	"github.com/sandbox-broker/sandbox-broker/services/uids"
 	"github.com/sandbox-broker/sandbox-broker/services/workspace"
 )
 
@@ -51,8 +52,6 @@ const (
 	AgentPath     = "/opt/sandbox/broker"
 	WorkspacePath = agent.WorkDir // /mnt/data
 	DataAlias     = "/data"
-	SandboxUID    = 1000
-	SandboxGID    = 1000
 )
 
 // Options configure an Engine.
@@ -74,6 +73,18 @@ type Options struct {
 	// serves (the project engine serves only the Node runner, run_code
 	// every other one).
 	Languages []string
+	// UIDs leases the host uid (and gid) each session's containers run as,
+	// so an escape from one container is not every container's uid; warm
+	// containers start under a uid of their own that a claim hands to the
+	// session. Required.
+	UIDs *uids.Allocator
+	// Slots caps live containers across engines (SANDBOX_MAX_CONTAINERS);
+	// nil means no cap.
+	Slots *sandbox.Slots
+	// IdleTimeout is how long the session manager lets a session keep
+	// unused containers; it only dates the retry hint of a refusal at the
+	// cap (0: no hint).
+	IdleTimeout time.Duration
 }
 
 const (
@@ -123,6 +134,9 @@ func New(ctx context.Context, o Options) (*Engine, error) {
 	}
 	if o.AgentBinary == "" {
 		return nil, errors.New("docker: Options.AgentBinary is required")
+	}
+	if o.UIDs == nil {
+		return nil, errors.New("docker: Options.UIDs is required")
 	}
 	if st, err := os.Stat(o.AgentBinary); err != nil || !st.Mode().IsRegular() {
 		return nil, fmt.Errorf("docker: agent binary %q is not a regular file: %v", o.AgentBinary, err)
@@ -337,6 +351,9 @@ func (e *Engine) sweepOrphans(ctx context.Context) error {
 			}
 		}
 	}
+	if err := e.o.UIDs.FreePrefix(ctx, e.poolKey("")); err != nil {
+		return brokererr.Wrap(err, brokererr.Unavailable, "cannot release the uids of old warm containers")
+	}
 	return nil
 }
 
@@ -357,10 +374,9 @@ func (e *Engine) Close(ctx context.Context) error {
 	var errs []error
 	for _, p := range pools {
 		for _, c := range p.drain() {
-			if err := e.removeContainer(ctx, c); err != nil {
+			if err := p.discard(ctx, c); err != nil {
 				errs = append(errs, err)
 			}
-			_ = os.RemoveAll(c.poolDir)
 		}
 	}
 	errs = append(errs, e.cli.Close())
@@ -378,6 +394,8 @@ type ctr struct {
 	img      string // image ID
 	runDir   string // host <Root>/run/<id>
 	poolDir  string // host <Root>/pool/<id> while pooled, "" otherwise
+	uid      int    // host uid and gid it runs as
+	slot     *sandbox.Slot
 
 	// jobs counts live jobs: while any runs, the container is neither
 	// released nor replaced after a run (only Destroy, a lost agent or the
@@ -413,12 +431,12 @@ func shortID(s string) string {
 	return s
 }
 
-// prepareDir makes dir (if needed) owned by the sandbox user, mode 0700.
-func prepareDir(dir string) error {
+// prepareDir makes dir (if needed) owned by the sandbox uid, mode 0700.
+func prepareDir(dir string, uid int) error {
 	if err := os.Mkdir(dir, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
 		return err
 	}
-	if err := os.Chown(dir, SandboxUID, SandboxGID); err != nil {
+	if err := os.Lchown(dir, uid, uid); err != nil {
 		// Not root: let the sandbox user write through the mode bits.
 		return os.Chmod(dir, 0o777)
 	}
@@ -427,12 +445,12 @@ func prepareDir(dir string) error {
 
 // specFor returns the container configuration: exactly security-cases.md
 // §1.2, plus the agent command and the three bind mounts.
-func (e *Engine) specFor(r runnerImage, id, workspaceDir, runDir, workspaceLabel string, dataIsLink bool) (*container.Config, *container.HostConfig) {
+func (e *Engine) specFor(r runnerImage, id, workspaceDir, runDir, workspaceLabel string, uid int, dataIsLink bool) (*container.Config, *container.HostConfig) {
 	yes := true
 	pids := e.o.PidsLimit
 	cfg := &container.Config{
 		Image:           r.ID,
-		User:            fmt.Sprintf("%d:%d", SandboxUID, SandboxGID),
+		User:            fmt.Sprintf("%d:%d", uid, uid),
 		Env:             []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/tmp", "LANG=C.UTF-8"},
 		WorkingDir:      WorkspacePath,
 		Hostname:        "sandbox",
@@ -532,14 +550,16 @@ func (e *Engine) dataIsLink(ctx context.Context, r runnerImage) bool {
 }
 
 // startContainer creates and starts a container for lang with workspaceDir
-// mounted, and waits for its agent.
-func (e *Engine) startContainer(ctx context.Context, r runnerImage, workspaceDir, workspaceLabel string) (*ctr, error) {
-	c := &ctr{id: newID(), lang: r.Language, img: r.ID}
+// mounted, running as uid, in slot (which it releases if it fails), and
+// waits for its agent.
+func (e *Engine) startContainer(ctx context.Context, r runnerImage, workspaceDir, workspaceLabel string, uid int, slot *sandbox.Slot) (*ctr, error) {
+	c := &ctr{id: newID(), lang: r.Language, img: r.ID, uid: uid, slot: slot}
 	c.runDir = filepath.Join(e.o.Root, "run", c.id)
-	if err := prepareDir(c.runDir); err != nil {
+	if err := prepareDir(c.runDir, uid); err != nil {
+		slot.Release()
 		return nil, fmt.Errorf("docker: run dir: %w", err)
 	}
-	cfg, hc := e.specFor(r, c.id, workspaceDir, c.runDir, workspaceLabel, e.dataIsLink(ctx, r))
+	cfg, hc := e.specFor(r, c.id, workspaceDir, c.runDir, workspaceLabel, uid, e.dataIsLink(ctx, r))
 	// The create itself is not cancellable (a cancelled create can leave a
 	// container the daemon made but whose ID we never learn); ctx is
 	// checked right after it.
@@ -553,6 +573,7 @@ func (e *Engine) startContainer(ctx context.Context, r runnerImage, workspaceDir
 	}
 	if err != nil {
 		_ = os.RemoveAll(c.runDir)
+		slot.Release()
 		return nil, brokererr.Wrap(err, brokererr.Unavailable, "cannot create a %s sandbox", r.Language)
 	}
 	c.dockerID = resp.ID
@@ -587,7 +608,9 @@ func (e *Engine) startContainer(ctx context.Context, r runnerImage, workspaceDir
 	return c, nil
 }
 
-// removeContainer force-removes c and its run dir (not its workspace).
+// removeContainer force-removes c and its run dir (not its workspace), and
+// gives back its slot (even if removal failed: the orphan sweep of the next
+// start removes what is left).
 func (e *Engine) removeContainer(ctx context.Context, c *ctr) error {
 	var err error
 	if c.dockerID != "" {
@@ -599,6 +622,7 @@ func (e *Engine) removeContainer(ctx context.Context, c *ctr) error {
 		}
 	}
 	_ = os.RemoveAll(c.runDir)
+	c.slot.Release()
 	return err
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -72,7 +73,8 @@ func TestContainerConfig(t *testing.T) {
 		ul[u.Name] = [2]int64{u.Soft, u.Hard}
 	}
 	check("Ulimits", ul, map[string][2]int64{"nofile": {1024, 1024}, "fsize": {256 << 20, 256 << 20}, "core": {0, 0}})
-	check("User", cfg.User, "1000:1000")
+	check("User", cfg.User, fmt.Sprintf("%d:%d", c.uid, c.uid))
+	check("uid in the sandbox range", c.uid >= testUIDBase && c.uid < testUIDBase+testUIDs, true)
 	check("Hostname", cfg.Hostname, "sandbox")
 	check("StopSignal", cfg.StopSignal, "SIGKILL")
 	check("Cmd", []string(cfg.Cmd), []string{"/opt/sandbox/broker", "agent", "--socket", "/run/sandbox/agent.sock", "--language", "python"})

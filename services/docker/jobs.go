@@ -56,7 +56,16 @@ func (s *Session) StartJob(ctx context.Context, spec sandbox.JobSpec, sink sandb
 	if s.destroyed {
 		return nil, brokererr.New(brokererr.SandboxNotFound, "the sandbox was destroyed")
 	}
-	w, err := s.openWorkspace()
+	wd, err := s.jobWorkDir(spec.WorkDir)
+	if err != nil {
+		return nil, err
+	}
+	// The container first: a claim replaces the workspace directory.
+	c, err := s.jobContainerLocked(ctx, spec.Language)
+	if err != nil {
+		return nil, err
+	}
+	w, err := s.openWorkspace(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -66,26 +75,20 @@ func (s *Session) StartJob(ctx context.Context, spec sandbox.JobSpec, sink sandb
 			w.Close()
 		}
 	}()
-	wd, err := s.jobWorkDir(spec.WorkDir)
-	if err != nil {
-		return nil, err
-	}
-	c, err := s.jobContainerLocked(ctx, spec.Language)
-	if err != nil {
-		return nil, err
-	}
 	before, err := w.Snapshot()
 	if err != nil {
 		return nil, err
 	}
 
 	c.jobs.Add(1)
+	e.touchIdle(c)
 	var eg *egressSocket
 	started := false
 	defer func() {
 		if !started {
 			eg.close()
 			c.jobs.Add(-1)
+			e.touchIdle(c)
 		}
 	}()
 	req := agent.JobRequest{
@@ -96,7 +99,7 @@ func (s *Session) StartJob(ctx context.Context, spec sandbox.JobSpec, sink sandb
 		Interactive: spec.Interactive,
 	}
 	if spec.Egress != nil {
-		if eg, err = newEgressSocket(c.runDir); err != nil {
+		if eg, err = newEgressSocket(c.runDir, c.uid); err != nil {
 			e.log.Warn().Err(err).Str("container", shortID(c.dockerID)).Msg("job_egress_socket_failed")
 			return nil, brokererr.New(brokererr.Unavailable, "cannot give the execution a network path")
 		}
@@ -126,6 +129,7 @@ func (s *Session) StartJob(ctx context.Context, spec sandbox.JobSpec, sink sandb
 		}
 		w.Close()
 		c.jobs.Add(-1)
+		e.touchIdle(c)
 		close(dj.done)
 	}()
 	e.log.Debug().Str("container", shortID(c.dockerID)).Str("language", c.lang).Bool("egress", eg != nil).Msg("job_started")
@@ -220,7 +224,7 @@ type egressSocket struct {
 	once sync.Once
 }
 
-func newEgressSocket(runDir string) (*egressSocket, error) {
+func newEgressSocket(runDir string, uid int) (*egressSocket, error) {
 	name := "egress-" + newID() + ".sock"
 	p := filepath.Join(runDir, name)
 	if len(p) > maxSocketPath {
@@ -233,7 +237,7 @@ func newEgressSocket(runDir string) (*egressSocket, error) {
 	// The sandbox user must be able to connect (write permission). The
 	// run dir is the sandbox's: nothing here may follow a symlink it put
 	// in place of the socket.
-	uid, gid, mode := SandboxUID, SandboxGID, uint32(0o600)
+	gid, mode := uid, uint32(0o600)
 	if os.Geteuid() != 0 {
 		uid, gid, mode = -1, -1, 0o666 // the run dir is 0777 then
 	}

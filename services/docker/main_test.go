@@ -18,6 +18,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/sandbox-broker/sandbox-broker/services/sandbox"
+	"github.com/sandbox-broker/sandbox-broker/services/uids"
 )
 
 // agentBinary is what tests mount as /opt/sandbox/broker: the real broker
@@ -110,9 +111,11 @@ func needRunner(t testing.TB, e *Engine, lang string) {
 func newEngine(t testing.TB, mod func(*Options)) *Engine {
 	t.Helper()
 	needDocker(t)
+	root := t.TempDir()
 	o := Options{
-		Root:        t.TempDir(),
+		Root:        root,
 		AgentBinary: agentBinary,
+		UIDs:        newUIDs(t, root),
 		PoolSize:    0,
 		InstanceID:  "test-" + randHex(4),
 		Log:         zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.InfoLevel),
@@ -139,6 +142,24 @@ func newEngine(t testing.TB, mod func(*Options)) *Engine {
 		}
 	})
 	return e
+}
+
+// testUIDBase..+testUIDs is the tests' sandbox uid range (the broker's
+// default).
+const (
+	testUIDBase = 1_900_000_000
+	testUIDs    = 65536
+)
+
+// newUIDs opens a uid allocator in dir's state database.
+func newUIDs(t testing.TB, dir string) *uids.Allocator {
+	t.Helper()
+	a, err := uids.Open(context.Background(), filepath.Join(dir, "state.db"), testUIDBase, testUIDs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { a.Close() })
+	return a
 }
 
 func randHex(n int) string {

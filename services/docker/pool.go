@@ -3,19 +3,25 @@ package docker
 import (
 	"context"
 	"errors"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/sandbox-broker/sandbox-broker/services/brokererr"
 	"github.com/sandbox-broker/sandbox-broker/services/sandbox"
+	"github.com/sandbox-broker/sandbox-broker/services/workspace"
 )
 
 // pool keeps up to Options.PoolSize started, agent-ready containers of one
-// language, each with an empty workspace dir <Root>/pool/<id>. A claim
-// renames that dir onto the session's workspace path: the container's bind
-// mount refers to the directory inode, so it follows the rename.
+// language, each with an empty workspace dir <Root>/pool/<id> and a uid
+// leased under a pool key. A claim renames that dir onto the session's
+// workspace path (the container's bind mount refers to the directory inode,
+// so it follows the rename) and moves the uid's lease to the session: the
+// container already runs as the uid the session keeps.
 type pool struct {
 	e    *Engine
 	lang string
@@ -65,7 +71,11 @@ func (p *pool) fill() {
 				if ctx.Err() != nil {
 					return
 				}
-				p.e.log.Warn().Err(err).Str("language", p.lang).Dur("retry_in", backoff).Msg("pool refill failed")
+				ev := p.e.log.Warn()
+				if brokererr.CodeOf(err) == brokererr.QuotaExceeded {
+					ev = p.e.log.Debug() // at the container cap: sessions come first
+				}
+				ev.Err(err).Str("language", p.lang).Dur("retry_in", backoff).Msg("pool refill failed")
 				select {
 				case <-ctx.Done():
 					return
@@ -76,7 +86,7 @@ func (p *pool) fill() {
 			}
 			backoff = time.Second
 			if !p.put(c) || ctx.Err() != nil {
-				p.discard(c)
+				_ = p.discard(ctx, c)
 			}
 		}
 	}
@@ -114,31 +124,86 @@ func (p *pool) drain() []*ctr {
 	return out
 }
 
-// discard removes a pooled container and its pool dir.
-func (p *pool) discard(c *ctr) {
-	_ = p.e.removeContainer(context.Background(), c)
-	if c.poolDir != "" {
-		_ = os.RemoveAll(c.poolDir)
+// discard removes a pooled container, its pool dir and its uid lease (a
+// container that may still run keeps its uid until the next start's sweep).
+func (p *pool) discard(ctx context.Context, c *ctr) error {
+	err := p.e.removeContainer(ctx, c)
+	_ = os.RemoveAll(c.poolDir)
+	if err != nil {
+		return err
 	}
+	if err := p.e.o.UIDs.Free(context.WithoutCancel(ctx), p.e.poolKey(filepath.Base(c.poolDir))); err != nil {
+		p.e.log.Warn().Err(err).Msg("pool_uid_not_freed")
+	}
+	return nil
 }
+
+// poolKey is the uid lease owner of the warm container whose pool dir is
+// <Root>/pool/<id> ("" gives the prefix of every such key of this root).
+func (e *Engine) poolKey(id string) string { return "pool:" + e.o.Root + ":" + id }
 
 func (e *Engine) newPoolContainer(ctx context.Context, lang string) (*ctr, error) {
 	r, err := e.runner(ctx, lang)
 	if err != nil {
 		return nil, err
 	}
-	id := newID()
-	dir := filepath.Join(e.o.Root, "pool", id)
-	if err := prepareDir(dir); err != nil {
+	slot, err := e.takeSlot(ctx, false)
+	if err != nil {
 		return nil, err
 	}
-	c, err := e.startContainer(ctx, r, dir, "pool")
+	id := newID()
+	uid, err := e.o.UIDs.Lease(ctx, e.poolKey(id))
+	if err != nil {
+		slot.Release()
+		return nil, err
+	}
+	dir := filepath.Join(e.o.Root, "pool", id)
+	var c *ctr
+	if err = prepareDir(dir, uid); err != nil {
+		slot.Release()
+	} else {
+		c, err = e.startContainer(ctx, r, dir, "pool", uid, slot)
+	}
 	if err != nil {
 		_ = os.RemoveAll(dir)
+		_ = e.o.UIDs.Free(context.WithoutCancel(ctx), e.poolKey(id))
 		return nil, err
 	}
 	c.poolDir = dir
 	return c, nil
+}
+
+// takeSlot takes a place under the live-container cap. A session's
+// container may take a warm container's place (it is removed first): a
+// session waiting is worse than a cold start later.
+func (e *Engine) takeSlot(ctx context.Context, forSession bool) (*sandbox.Slot, error) {
+	if sl, ok := e.o.Slots.Acquire(); ok {
+		return sl, nil
+	}
+	if forSession {
+		e.mu.Lock()
+		pools := slices.Collect(maps.Values(e.pools))
+		e.mu.Unlock()
+		for _, p := range pools {
+			if c := p.take(); c != nil {
+				p.refill() // it retries until the cap leaves room
+				sl := c.slot
+				c.slot = nil
+				if err := p.discard(ctx, c); err != nil {
+					sl.Release() // as removeContainer does when removal fails
+					return nil, brokererr.Wrap(err, brokererr.Unavailable, "cannot make room for a sandbox")
+				}
+				e.log.Info().Str("language", p.lang).Msg("warm_container_evicted_at_cap")
+				return sl, nil
+			}
+		}
+	}
+	err := brokererr.New(brokererr.QuotaExceeded,
+		"the broker already runs its maximum of %d sandbox containers; try again when other sessions have gone idle", e.o.Slots.Max())
+	if d := e.o.Slots.RetryAfter(time.Now()); d > 0 {
+		err = err.WithRetryAfter(d)
+	}
+	return nil, err
 }
 
 // Stats counts how session containers were obtained.
@@ -174,54 +239,43 @@ func (e *Engine) Stats() Stats {
 
 // acquire gives a session a container for r.Language with ref.Dir mounted.
 // mayClaim says the session has no other container, so its workspace path
-// may be replaced by a pool dir (when it does not exist or is empty).
-func (e *Engine) acquire(ctx context.Context, r runnerImage, ref sandbox.SessionRef, mayClaim bool) (*ctr, error) {
+// may be replaced by a pool dir (when it does not exist or is empty); the
+// claimed container's uid becomes the session's. Otherwise a container
+// starts as the session's uid (leased by uid), after its workspace is
+// given to that uid.
+func (e *Engine) acquire(ctx context.Context, r runnerImage, ref sandbox.SessionRef, mayClaim bool, uid func() (int, error)) (*ctr, error) {
 	e.mu.Lock()
 	p := e.pools[r.Language]
 	e.mu.Unlock()
 	if p != nil && mayClaim {
-		start := time.Now()
-		if c := p.take(); c != nil {
-			p.refill()
-			if c.img == r.ID {
-				err := os.MkdirAll(filepath.Dir(ref.Dir), 0o711)
-				if err == nil {
-					// rename(2) replaces an empty directory and fails with
-					// ENOTEMPTY/EEXIST on one with files: then cold start.
-					err = os.Rename(c.poolDir, ref.Dir)
-				}
-				if err == nil {
-					c.poolDir = ""
-					d := time.Since(start)
-					e.st.claims.Add(1)
-					e.st.lastClaim.Store(int64(d))
-					e.log.Debug().Str("language", r.Language).Str("container", shortID(c.dockerID)).Dur("claim", d).Msg("claimed pooled sandbox")
-					return c, nil
-				}
-				if !errors.Is(err, os.ErrExist) {
-					e.log.Debug().Err(err).Msg("pool claim not possible; cold start")
-				}
-				if p.put(c) {
-					c = nil
-				}
-			}
-			if c != nil {
-				// Stale image or pool full again: drop it.
-				e.bg.Add(1)
-				go func() { defer e.bg.Done(); p.discard(c) }()
-			}
+		if c := e.claim(ctx, p, r, ref); c != nil {
+			return c, nil
 		}
 	}
 	start := time.Now()
+	id, err := uid()
+	if err != nil {
+		return nil, err
+	}
 	if _, err := os.Lstat(ref.Dir); err != nil {
 		if err := os.MkdirAll(filepath.Dir(ref.Dir), 0o711); err != nil {
 			return nil, err
 		}
-		if err := prepareDir(ref.Dir); err != nil {
+		if err := prepareDir(ref.Dir, id); err != nil {
 			return nil, err
 		}
+	} else {
+		w, err := workspace.OpenOwned(ref.Dir, e.o.WorkspaceLimits, workspace.WithOwner(id, id))
+		if err != nil {
+			return nil, err
+		}
+		_ = w.Close()
 	}
-	c, err := e.startContainer(ctx, r, ref.Dir, ref.WorkspaceID)
+	slot, err := e.takeSlot(ctx, true)
+	if err != nil {
+		return nil, err
+	}
+	c, err := e.startContainer(ctx, r, ref.Dir, ref.WorkspaceID, id, slot)
 	if err != nil {
 		return nil, err
 	}
@@ -230,4 +284,53 @@ func (e *Engine) acquire(ctx context.Context, r runnerImage, ref sandbox.Session
 	e.st.last.Store(int64(d))
 	e.log.Debug().Str("language", r.Language).Str("container", shortID(c.dockerID)).Dur("cold_start", d).Msg("started sandbox")
 	return c, nil
+}
+
+// claim takes a warm container for ref, or returns nil.
+func (e *Engine) claim(ctx context.Context, p *pool, r runnerImage, ref sandbox.SessionRef) *ctr {
+	start := time.Now()
+	c := p.take()
+	if c == nil {
+		return nil
+	}
+	p.refill()
+	if c.img == r.ID {
+		key := e.poolKey(filepath.Base(c.poolDir))
+		err := os.MkdirAll(filepath.Dir(ref.Dir), 0o711)
+		if err == nil {
+			// rename(2) replaces an empty directory and fails with
+			// ENOTEMPTY/EEXIST on one with files: then cold start.
+			err = os.Rename(c.poolDir, ref.Dir)
+		}
+		if err == nil {
+			// The workspace is now the container's: so is its uid (the
+			// workspace's old one, if any, owned nothing left in it).
+			if _, err = e.o.UIDs.Move(context.WithoutCancel(ctx), key, ref.WorkspaceID); err != nil {
+				e.log.Warn().Err(err).Msg("pool claim uid move failed; cold start")
+				e.discardAsync(p, c)
+				return nil
+			}
+			c.poolDir = ""
+			d := time.Since(start)
+			e.st.claims.Add(1)
+			e.st.lastClaim.Store(int64(d))
+			e.log.Debug().Str("language", r.Language).Str("container", shortID(c.dockerID)).Dur("claim", d).Msg("claimed pooled sandbox")
+			return c
+		}
+		if !errors.Is(err, os.ErrExist) {
+			e.log.Debug().Err(err).Msg("pool claim not possible; cold start")
+		}
+		if p.put(c) {
+			return nil
+		}
+	}
+	// Stale image or pool full again: drop it.
+	e.discardAsync(p, c)
+	return nil
+}
+
+// discardAsync discards a warm container in the background (Close waits).
+func (e *Engine) discardAsync(p *pool, c *ctr) {
+	e.bg.Add(1)
+	go func() { defer e.bg.Done(); _ = p.discard(context.Background(), c) }()
 }

@@ -179,7 +179,7 @@ func TestOrphanSweep(t *testing.T) {
 		t.Fatal(err)
 	}
 	e, err := New(context.Background(), Options{Root: root, AgentBinary: agentBinary, InstanceID: "next",
-		Log: zerolog.New(zerolog.NewTestWriter(t))})
+		UIDs: newUIDs(t, root), Log: zerolog.New(zerolog.NewTestWriter(t))})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -24,6 +24,7 @@ type Session struct {
 
 	mu        sync.Mutex
 	ctrs      map[string]*ctr
+	uid       int // host uid (and gid) of its containers; 0 until leased
 	destroyed bool
 }
 
@@ -82,7 +83,7 @@ func (s *Session) Exec(ctx context.Context, req sandbox.ExecRequest) (sandbox.Ex
 	if timeout > agent.MaxTimeoutMS*time.Millisecond {
 		timeout = agent.MaxTimeoutMS * time.Millisecond
 	}
-	w, err := s.openWorkspace()
+	w, err := s.openWorkspace(ctx)
 	if err != nil {
 		return sandbox.ExecResult{}, err
 	}
@@ -164,13 +165,40 @@ func (s *Session) containerLocked(ctx context.Context, r runnerImage) (*ctr, err
 	}
 	if c == nil {
 		var err error
-		c, err = s.e.acquire(ctx, r, s.ref, len(s.ctrs) == 0)
+		c, err = s.e.acquire(ctx, r, s.ref, len(s.ctrs) == 0, func() (int, error) { return s.uidLocked(ctx) })
 		if err != nil {
 			return nil, err
 		}
+		s.uid = c.uid
 		s.ctrs[r.Language] = c
 	}
+	s.e.touchIdle(c)
 	return c, nil
+}
+
+// touchIdle dates when c's session may let it go if unused, for the retry
+// hint at the container cap: never while jobs run in it (they pin it).
+func (e *Engine) touchIdle(c *ctr) {
+	switch {
+	case e.o.IdleTimeout <= 0:
+	case c.jobs.Load() > 0:
+		c.slot.IdleAt(time.Time{})
+	default:
+		c.slot.IdleAt(time.Now().Add(e.o.IdleTimeout))
+	}
+}
+
+// uidLocked returns the session's uid, leasing it on first use. Caller
+// holds s.mu.
+func (s *Session) uidLocked(ctx context.Context) (int, error) {
+	if s.uid == 0 {
+		uid, err := s.e.o.UIDs.Lease(ctx, s.ref.WorkspaceID)
+		if err != nil {
+			return 0, err
+		}
+		s.uid = uid
+	}
+	return s.uid, nil
 }
 
 // wasOOMKilled compares the cgroup v1 oom_kill counter with its value before
@@ -203,12 +231,32 @@ func (e *Engine) hasStrays(c *ctr, before map[int]bool) bool {
 	return false
 }
 
-// openWorkspace opens the session's workspace, creating it on first use.
-func (s *Session) openWorkspace() (*workspace.Workspace, error) {
-	if _, err := os.Lstat(s.ref.Dir); errors.Is(err, fs.ErrNotExist) {
-		return workspace.Create(s.ref.Dir, workspace.WithLimits(s.e.o.WorkspaceLimits))
+// openWorkspace opens the session's workspace, creating it on first use;
+// what the broker writes there belongs to the session's uid. Caller holds
+// s.mu.
+func (s *Session) openWorkspace(ctx context.Context) (*workspace.Workspace, error) {
+	uid, err := s.uidLocked(ctx)
+	if err != nil {
+		return nil, err
 	}
-	return workspace.Open(s.ref.Dir, s.e.o.WorkspaceLimits)
+	own := workspace.WithOwner(uid, uid)
+	if _, err := os.Lstat(s.ref.Dir); errors.Is(err, fs.ErrNotExist) {
+		return workspace.Create(s.ref.Dir, workspace.WithLimits(s.e.o.WorkspaceLimits), own)
+	}
+	return workspace.OpenOwned(s.ref.Dir, s.e.o.WorkspaceLimits, own)
+}
+
+// WorkspaceOwner is the option that gives what the broker writes into the
+// session's workspace to the session's uid (for callers that write there
+// themselves, such as project uploads).
+func (s *Session) WorkspaceOwner(ctx context.Context) (workspace.Option, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	uid, err := s.uidLocked(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return workspace.WithOwner(uid, uid), nil
 }
 
 // watchQuota removes c when the workspace grows past its quota while code
@@ -238,7 +286,7 @@ func (s *Session) WriteFile(ctx context.Context, p string, data []byte, overwrit
 	if s.destroyed {
 		return brokererr.New(brokererr.SandboxNotFound, "the sandbox was destroyed")
 	}
-	w, err := s.openWorkspace()
+	w, err := s.openWorkspace(ctx)
 	if err != nil {
 		return err
 	}
@@ -323,6 +371,10 @@ func (s *Session) Destroy(ctx context.Context) error {
 	s.destroyed = true
 	if err := os.RemoveAll(s.ref.Dir); err != nil {
 		return brokererr.Wrap(err, brokererr.InternalError, "cannot delete the workspace")
+	}
+	// Nothing runs as the uid and none of its files is left.
+	if err := s.e.o.UIDs.Free(ctx, s.ref.WorkspaceID); err != nil {
+		return brokererr.Wrap(err, brokererr.Unavailable, "cannot release the sandbox uid")
 	}
 	return nil
 }

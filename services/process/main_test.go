@@ -20,6 +20,7 @@ import (
 	"github.com/sandbox-broker/sandbox-broker/services/agent"
 	"github.com/sandbox-broker/sandbox-broker/services/inherited"
 	"github.com/sandbox-broker/sandbox-broker/services/sandbox"
+	"github.com/sandbox-broker/sandbox-broker/services/uids"
 )
 
 // agentBinary is what sandboxes run as their agent: the real broker when
@@ -130,9 +131,11 @@ func newRoot(t testing.TB) string {
 // namespaces the test fails in CI and is skipped elsewhere.
 func newBackend(t testing.TB, mod func(*Options)) *Backend {
 	t.Helper()
+	root := newRoot(t)
 	o := Options{
-		Root:        newRoot(t),
+		Root:        root,
 		AgentBinary: agentBinary,
+		UIDs:        newUIDs(t, root),
 		Log:         zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.InfoLevel),
 	}
 	if mod != nil {
@@ -161,6 +164,20 @@ func newBackend(t testing.TB, mod func(*Options)) *Backend {
 		}
 	})
 	return b
+}
+
+// testUIDs is the sandbox uid range of these tests (the broker's default).
+const testUIDs = 65536
+
+// newUIDs opens a uid allocator in root's state database.
+func newUIDs(t testing.TB, root string) *uids.Allocator {
+	t.Helper()
+	a, err := uids.Open(context.Background(), filepath.Join(root, "state.db"), 1_900_000_000, testUIDs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { a.Close() })
+	return a
 }
 
 func randHex(n int) string {
@@ -218,7 +235,13 @@ func waitFor(t testing.TB, d time.Duration, what string, cond func() bool) {
 // orphanHelper plays a broker that is killed: it starts a sandbox on the
 // root given in PROCESS_TEST_ROOT, prints the bwrap pid and waits to die.
 func orphanHelper() int {
-	b, err := New(context.Background(), Options{Root: os.Getenv("PROCESS_TEST_ROOT"), AgentBinary: os.Getenv("PROCESS_TEST_AGENT")})
+	root := os.Getenv("PROCESS_TEST_ROOT")
+	ids, err := uids.Open(context.Background(), filepath.Join(root, "state.db"), 1_900_000_000, testUIDs)
+	if err != nil {
+		fmt.Println("error:", err)
+		return 1
+	}
+	b, err := New(context.Background(), Options{Root: root, AgentBinary: os.Getenv("PROCESS_TEST_AGENT"), UIDs: ids})
 	if err != nil {
 		fmt.Println("error:", err)
 		return 1

@@ -13,7 +13,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"maps"
 	"os"
 	"os/exec"
@@ -29,6 +28,7 @@ import (
 	"github.com/sandbox-broker/sandbox-broker/services/agent"
 	"github.com/sandbox-broker/sandbox-broker/services/brokererr"
 	"github.com/sandbox-broker/sandbox-broker/services/sandbox"
+	"github.com/sandbox-broker/sandbox-broker/services/uids"
 	"github.com/sandbox-broker/sandbox-broker/services/workspace"
 )
 
@@ -42,13 +42,11 @@ type Options struct {
 	// copy at <Root>/bin/sandbox-agent (unless it already is that file),
 	// which is bind-mounted read-only at AgentPath.
 	AgentBinary string
-	// UID is the first host uid sandboxes run as when the broker is root
-	// (SANDBOX_PROCESS_UID); each session gets its own uid (and gid) in
-	// [UID, UID+UIDs), picked from its workspace ID, so RLIMIT_NPROC and
-	// kill(2) permissions are per session. GID defaults to UID. When the
-	// broker is not root, sandboxes run as the broker's own uid and gid.
-	UID, GID int
-	UIDs     int // size of the range (SANDBOX_PROCESS_UIDS); default 65536
+	// UIDs leases each session's host uid (its gid is the same number)
+	// when the broker is root, so RLIMIT_NPROC and kill(2) permissions are
+	// per session. Required; when the broker is not root, sandboxes run as
+	// the broker's own uid and gid instead.
+	UIDs *uids.Allocator
 	// Bwrap is the bubblewrap binary (default /usr/bin/bwrap).
 	Bwrap string
 
@@ -78,8 +76,6 @@ type Options struct {
 }
 
 const (
-	defaultUID          = 1_900_000_000 // above systemd's container range, clear of subuid ranges
-	defaultUIDs         = 65536
 	defaultMemory       = 512 << 20
 	minAddressSpace     = 4 << 30
 	defaultCPUSeconds   = 3600
@@ -110,9 +106,9 @@ const (
 type Backend struct {
 	o       Options
 	log     zerolog.Logger
-	uid     int // first host uid of sandboxes (see Options.UID)
+	ids     *uids.Allocator // nil when the broker is not root
+	uid     int             // first host uid of sandboxes, or the broker's own
 	gid     int
-	uids    int // size of the uid range; 1 when the broker is not root
 	etcDir  string
 	agent   string            // installed agent binary
 	prlimit string            // prlimit(1)
@@ -153,16 +149,14 @@ func New(ctx context.Context, o Options) (*Backend, error) {
 		log:  o.Log.With().Str("component", "process").Logger(),
 		live: map[*sbx]bool{},
 	}
+	if o.UIDs == nil {
+		return nil, errors.New("process: Options.UIDs is required")
+	}
 	if os.Geteuid() == 0 {
-		b.uid, b.gid, b.uids = o.UID, o.GID, o.UIDs
-		if int64(b.uid)+int64(b.uids)-1 > 4294967294 || int64(b.gid)+int64(b.uids)-1 > 4294967294 {
-			return nil, errors.New("process: the sandbox uid range passes 4294967294")
-		}
-		if b.uid == 0 || b.gid == 0 {
-			return nil, errors.New("process: sandboxes must not run as root (UID/GID 0)")
-		}
+		b.ids = o.UIDs
+		b.uid, b.gid = o.UIDs.First(), o.UIDs.First()
 	} else {
-		b.uid, b.gid, b.uids = os.Geteuid(), os.Getegid(), 1
+		b.uid, b.gid = os.Geteuid(), os.Getegid()
 	}
 	if st, err := os.Stat(o.Bwrap); err != nil || !st.Mode().IsRegular() {
 		return nil, brokererr.Wrap(err, brokererr.Unavailable, "bubblewrap (%s) is not installed", o.Bwrap)
@@ -207,15 +201,6 @@ func New(ctx context.Context, o Options) (*Backend, error) {
 }
 
 func withDefaults(o Options) Options {
-	if o.UID <= 0 {
-		o.UID = defaultUID
-	}
-	if o.GID <= 0 {
-		o.GID = o.UID
-	}
-	if o.UIDs <= 0 {
-		o.UIDs = defaultUIDs
-	}
 	if o.Bwrap == "" {
 		o.Bwrap = "/usr/bin/bwrap"
 	}
@@ -389,14 +374,12 @@ func (b *Backend) probe(ctx context.Context) error {
 }
 
 // sessionIDs returns the host uid and gid of workspace id's sandboxes.
-func (b *Backend) sessionIDs(id string) (uid, gid int) {
-	if b.uids <= 1 {
-		return b.uid, b.gid
+func (b *Backend) sessionIDs(ctx context.Context, id string) (uid, gid int, err error) {
+	if b.ids == nil {
+		return b.uid, b.gid, nil
 	}
-	h := fnv.New32a()
-	h.Write([]byte(id))
-	off := int(h.Sum32() % uint32(b.uids))
-	return b.uid + off, b.gid + off
+	uid, err = b.ids.Lease(ctx, id)
+	return uid, uid, err
 }
 
 // prepareDir makes dir (if needed) owned by uid:gid, mode 0700.

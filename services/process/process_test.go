@@ -693,12 +693,12 @@ func TestSessionsRunAsTheirOwnHostUIDs(t *testing.T) {
 		return uid
 	}
 	u1, u2 := uidOf(s1), uidOf(s2)
-	if u1 == u2 || u1 < b.uid || u1 >= b.uid+b.uids || u2 < b.uid || u2 >= b.uid+b.uids {
-		t.Fatalf("uids %d and %d (range %d+%d)", u1, u2, b.uid, b.uids)
+	if u1 == u2 || u1 < b.uid || u1 >= b.uid+testUIDs || u2 < b.uid || u2 >= b.uid+testUIDs {
+		t.Fatalf("uids %d and %d (range %d+%d)", u1, u2, b.uid, testUIDs)
 	}
 	// The same workspace keeps its uid (its files stay writable).
-	if a, _ := b.sessionIDs(s1.ref.WorkspaceID); a != u1 {
-		t.Fatalf("uid %d, then %d", u1, a)
+	if a, _, err := b.sessionIDs(context.Background(), s1.ref.WorkspaceID); err != nil || a != u1 {
+		t.Fatalf("uid %d, then %d (%v)", u1, a, err)
 	}
 	// While s1 holds every process its limit allows, s2 still starts some.
 	hog := `import os, time

@@ -52,7 +52,10 @@ func (b *Backend) Open(ctx context.Context, ref sandbox.SessionRef) (sandbox.Ses
 		return nil, brokererr.New(brokererr.Unavailable, "the process sandbox backend is shut down")
 	}
 	s := &Session{b: b, ref: ref}
-	s.uid, s.gid = b.sessionIDs(ref.WorkspaceID)
+	var err error
+	if s.uid, s.gid, err = b.sessionIDs(ctx, ref.WorkspaceID); err != nil {
+		return nil, err
+	}
 	return s, nil
 }
 
@@ -218,7 +221,7 @@ func (s *Session) openWorkspace() (*workspace.Workspace, error) {
 		}
 		return workspace.Create(s.ref.Dir, workspace.WithLimits(s.b.o.WorkspaceLimits), own)
 	}
-	return workspace.Open(s.ref.Dir, s.b.o.WorkspaceLimits, own)
+	return workspace.OpenOwned(s.ref.Dir, s.b.o.WorkspaceLimits, own)
 }
 
 // quotaExceeded removes what the run wrote, retires the sandbox and
@@ -301,6 +304,12 @@ func (s *Session) Destroy(ctx context.Context) error {
 	s.destroyed = true
 	if err := os.RemoveAll(s.ref.Dir); err != nil {
 		return brokererr.Wrap(err, brokererr.InternalError, "cannot delete the workspace")
+	}
+	if s.b.ids != nil {
+		// Nothing runs as the uid and none of its files is left.
+		if err := s.b.ids.Free(ctx, s.ref.WorkspaceID); err != nil {
+			return brokererr.Wrap(err, brokererr.Unavailable, "cannot release the sandbox uid")
+		}
 	}
 	return nil
 }

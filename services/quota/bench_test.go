@@ -37,3 +37,22 @@ func BenchmarkAllowCallParallel(b *testing.B) {
 		}
 	})
 }
+
+// BenchmarkReserveSettleExecution is what a run adds to the budget's cost:
+// a reservation before it and a settlement after it (two write
+// transactions; before reservations, a read and one write).
+func BenchmarkReserveSettleExecution(b *testing.B) {
+	ctx := context.Background()
+	s := openStore(b, dbPath(b), newClock(t0))
+	l := Limits{ExecutionPerDay: 1 << 62}
+	b.ReportAllocs()
+	for b.Loop() {
+		_, r, err := s.ReserveExecution(ctx, "bench", l, time.Minute)
+		if err == nil {
+			err = s.SettleExecution(ctx, r, 10*time.Millisecond)
+		}
+		if err != nil {
+			b.Fatal(err)
+		}
+	}
+}

@@ -58,3 +58,17 @@ func mustAllow(t *testing.T, s *Store, p string, l Limits) Decision {
 	}
 	return d
 }
+
+// charge records d of execution time for p: a 1 ms reservation settled
+// with d.
+func charge(t testing.TB, s *Store, p string, d time.Duration) {
+	t.Helper()
+	ctx := context.Background()
+	_, r, err := s.ReserveExecution(ctx, p, Limits{ExecutionPerDay: 1 << 62}, time.Millisecond)
+	if err == nil {
+		err = s.SettleExecution(ctx, r, d)
+	}
+	if err != nil {
+		t.Fatalf("charge: %v", err)
+	}
+}

@@ -66,46 +66,6 @@ func (s *Store) take(ctx context.Context, principal string, kind Kind, size, lim
 	return d, nil
 }
 
-// CheckExecution reports whether today's (UTC) execution budget has any
-// time left. It consumes nothing; record actual usage with AddExecution.
-// When spent, RetryAfter is the time until the next UTC midnight.
-func (s *Store) CheckExecution(ctx context.Context, principal string, l Limits) (Decision, error) {
-	limit := l.ExecutionPerDay.Milliseconds()
-	if limit <= 0 {
-		return Decision{}, fmt.Errorf("%w: %s", ErrInvalidLimit, KindExecution)
-	}
-	now := s.now()
-	day := windowStart(now.UnixMilli(), dayMs)
-	var used int64
-	err := s.db.QueryRowContext(ctx, `SELECT count FROM quota_buckets
-		WHERE principal = ?1 AND kind = ?2 AND window_start = ?3`,
-		principal, string(KindExecution), day).Scan(&used)
-	if err != nil && err != sql.ErrNoRows {
-		return Decision{}, fmt.Errorf("quota: read execution: %w", err)
-	}
-	d := Decision{Allowed: used < limit, Kind: KindExecution, Limit: limit, Remaining: max(0, limit-used)}
-	if !d.Allowed {
-		d.RetryAfter = roundRetry(nextUTCMidnight(now).Sub(now))
-	}
-	return d, nil
-}
-
-// AddExecution records d of execution time against today's (UTC) bucket,
-// even past the limit: the time was spent. d is rounded up to whole ms; a
-// run spanning midnight counts entirely on the day it is recorded.
-func (s *Store) AddExecution(ctx context.Context, principal string, d time.Duration) error {
-	if d < 0 {
-		return fmt.Errorf("quota: negative execution time %v", d)
-	}
-	ms := int64((d + time.Millisecond - 1) / time.Millisecond)
-	if ms == 0 {
-		return nil
-	}
-	return s.writeTx(ctx, func(tx *sql.Tx, now time.Time) error {
-		return s.add(ctx, tx, principal, KindExecution, windowStart(now.UnixMilli(), dayMs), ms)
-	})
-}
-
 // pair reads the counts of the previous and current windows (0 if absent).
 func (s *Store) pair(ctx context.Context, tx *sql.Tx, principal string, kind Kind, prevStart, curStart int64) (prev, cur int64, err error) {
 	rows, err := tx.StmtContext(ctx, s.selectPair).QueryContext(ctx, principal, string(kind), prevStart, curStart)

@@ -29,6 +29,13 @@ CREATE TABLE IF NOT EXISTS quota_buckets (
 	PRIMARY KEY (principal, kind, window_start)
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS quota_buckets_window_start ON quota_buckets (window_start);
+CREATE TABLE IF NOT EXISTS quota_reservations (
+	id         TEXT    PRIMARY KEY,
+	principal  TEXT    NOT NULL,
+	ms         INTEGER NOT NULL, -- execution time held
+	expires_at INTEGER NOT NULL  -- unix ms; charged in full if still held then
+);
+CREATE INDEX IF NOT EXISTS quota_reservations_principal ON quota_reservations (principal);
 `
 
 const (
@@ -121,11 +128,13 @@ func (s *Store) Ping(ctx context.Context) error {
 	return nil
 }
 
+// prune deletes old buckets and charges expired execution reservations
+// (at Open this settles what a stopped broker left).
 func (s *Store) prune(ctx context.Context, tx *sql.Tx, now time.Time) error {
 	if _, err := tx.ExecContext(ctx, sqlPrune, now.Add(-retention).UnixMilli()); err != nil {
 		return fmt.Errorf("quota: prune: %w", err)
 	}
-	return nil
+	return s.chargeExpired(ctx, tx, "", now)
 }
 
 // writeTx runs fn in a BEGIN IMMEDIATE transaction (see dsn) and commits,

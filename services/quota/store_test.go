@@ -86,9 +86,7 @@ func TestPersistsAcrossReopen(t *testing.T) {
 			t.Fatalf("%+v %v", d, err)
 		}
 	}
-	if err := s.AddExecution(ctx, "dave", 2*time.Hour); err != nil {
-		t.Fatal(err)
-	}
+	charge(t, s, "dave", 2*time.Hour)
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
 	}
@@ -103,7 +101,7 @@ func TestPersistsAcrossReopen(t *testing.T) {
 	if d, err := s.ReserveSandbox(ctx, "dave", l); err != nil || d.Allowed {
 		t.Fatalf("sandboxes reset by restart: %+v %v", d, err)
 	}
-	if d, err := s.CheckExecution(ctx, "dave", l); err != nil || d.Allowed {
+	if d, _, err := s.ReserveExecution(ctx, "dave", l, time.Second); err != nil || d.Allowed {
 		t.Fatalf("execution reset by restart: %+v %v", d, err)
 	}
 	if d := mustAllow(t, s, "erin", l); !d.Allowed {
@@ -159,9 +157,7 @@ func TestPrune(t *testing.T) {
 	if _, err := s.ReserveSandbox(ctx, "old", l); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.AddExecution(ctx, "old", time.Minute); err != nil {
-		t.Fatal(err)
-	}
+	charge(t, s, "old", time.Minute)
 	rows := func() (n int) {
 		t.Helper()
 		if err := s.db.QueryRowContext(ctx, `SELECT count(*) FROM quota_buckets WHERE principal = 'old'`).Scan(&n); err != nil {
@@ -190,11 +186,8 @@ func TestErrors(t *testing.T) {
 	if _, err := s.ReserveSandbox(ctx, "p", Limits{}); !errors.Is(err, ErrInvalidLimit) {
 		t.Errorf("ReserveSandbox zero limit: %v", err)
 	}
-	if _, err := s.CheckExecution(ctx, "p", Limits{}); !errors.Is(err, ErrInvalidLimit) {
-		t.Errorf("CheckExecution zero limit: %v", err)
-	}
-	if err := s.AddExecution(ctx, "p", -time.Second); err == nil {
-		t.Error("AddExecution negative: no error")
+	if _, _, err := s.ReserveExecution(ctx, "p", Limits{}, time.Second); !errors.Is(err, ErrInvalidLimit) {
+		t.Errorf("ReserveExecution zero limit: %v", err)
 	}
 	cctx, cancel := context.WithCancel(ctx)
 	cancel()

@@ -29,9 +29,7 @@ func TestUsage(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if err := s.AddExecution(ctx, "ivy", 90*time.Minute); err != nil {
-		t.Fatal(err)
-	}
+	charge(t, s, "ivy", 90*time.Minute)
 	mustAllow(t, s, "someone-else", l)
 
 	u, err = s.Usage(ctx, "ivy", l)

@@ -158,6 +158,20 @@ func Open(dir string, l Limits, opts ...Option) (*Workspace, error) {
 	return open(dir, l, o)
 }
 
+// OpenOwned is Open followed by EnsureOwner: for a session's workspace,
+// which an earlier sandbox uid may have left (see EnsureOwner).
+func OpenOwned(dir string, l Limits, opts ...Option) (*Workspace, error) {
+	w, err := Open(dir, l, opts...)
+	if err != nil {
+		return nil, err
+	}
+	if err := w.EnsureOwner(); err != nil {
+		_ = w.Close()
+		return nil, err
+	}
+	return w, nil
+}
+
 func buildOptions(opts []Option) options {
 	o := options{uid: DefaultUID, gid: DefaultGID}
 	for _, opt := range opts {
@@ -410,6 +424,39 @@ func (w *Workspace) fixOwner(rel string, dir bool) error {
 		if err := f.Chown(w.uid, w.gid); err != nil {
 			return brokererr.Wrap(err, brokererr.InternalError, "cannot set directory owner")
 		}
+	}
+	return nil
+}
+
+// EnsureOwner gives every entry to the workspace's owner (WithOwner) when
+// the directory itself belongs to another uid or gid: a workspace made under
+// another sandbox uid (before per-session uids, or under an older range)
+// becomes the session's again. The directory goes last, so an interrupted
+// pass is redone on the next call. Symlinks are changed, never followed;
+// entries beyond the walk bounds keep their owner. Call it while no sandbox
+// runs on the workspace. A no-op unless the broker is root.
+func (w *Workspace) EnsureOwner() error {
+	if !w.chown {
+		return nil
+	}
+	fi, err := w.root.Lstat(".")
+	if err != nil {
+		return brokererr.Wrap(err, brokererr.InternalError, "cannot read workspace owner")
+	}
+	if st, ok := fi.Sys().(*syscall.Stat_t); !ok || (int(st.Uid) == w.uid && int(st.Gid) == w.gid) {
+		return nil
+	}
+	_, err = w.walk("", WalkMaxDepth, func(rel string, _ fs.FileMode) error {
+		if err := w.root.Lchown(rel, w.uid, w.gid); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return err
+		}
+		return nil
+	})
+	if err == nil {
+		err = w.root.Lchown(".", w.uid, w.gid)
+	}
+	if err != nil {
+		return brokererr.Wrap(err, brokererr.InternalError, "cannot give the workspace to its sandbox user")
 	}
 	return nil
 }

@@ -171,6 +171,59 @@ func TestOwnerAndModes(t *testing.T) {
 	}
 }
 
+// A workspace left by another sandbox uid is given to the new owner,
+// entries and directory, without following symlinks out of it.
+func TestEnsureOwner(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("chown needs root")
+	}
+	w, dir, outside := newWS(t) // the old layout: 1000:1000
+	for _, f := range []string{"a.txt", "d/e/f.txt"} {
+		if err := w.Write(f, []byte("x"), false); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mustWriteFile(t, filepath.Join(outside, "host"), "h")
+	mustSymlink(t, filepath.Join(outside, "host"), filepath.Join(dir, "d", "link"))
+	mustSymlink(t, outside, filepath.Join(dir, "dirlink"))
+	owner := func(p string) (uint32, uint32) {
+		fi, err := os.Lstat(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		st := fi.Sys().(*syscall.Stat_t)
+		return st.Uid, st.Gid
+	}
+	w2, err := Open(dir, Limits{}, WithOwner(4321, 4322))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w2.Close()
+	if err := w2.EnsureOwner(); err != nil {
+		t.Fatal(err)
+	}
+	for _, rel := range []string{"", "a.txt", "d", "d/e", "d/e/f.txt", "d/link", "dirlink"} {
+		if u, g := owner(filepath.Join(dir, rel)); u != 4321 || g != 4322 {
+			t.Errorf("%q owned by %d:%d after EnsureOwner", rel, u, g)
+		}
+	}
+	for _, p := range []string{outside, filepath.Join(outside, "host")} {
+		if u, _ := owner(p); u != 0 {
+			t.Errorf("%s outside the workspace changed owner to %d", p, u)
+		}
+	}
+	// Already owned: nothing is walked (an entry changed by hand stays).
+	if err := os.Lchown(filepath.Join(dir, "a.txt"), 7, 7); err != nil {
+		t.Fatal(err)
+	}
+	if err := w2.EnsureOwner(); err != nil {
+		t.Fatal(err)
+	}
+	if u, _ := owner(filepath.Join(dir, "a.txt")); u != 7 {
+		t.Errorf("a.txt re-owned although the workspace already was the owner's")
+	}
+}
+
 func TestWriteOverwrite(t *testing.T) {
 	w, dir, outside := newWS(t)
 	if err := w.Write("f.txt", []byte("one"), false); err != nil {

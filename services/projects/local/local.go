@@ -26,6 +26,7 @@ import (
 	"github.com/sandbox-broker/sandbox-broker/services/files"
 	"github.com/sandbox-broker/sandbox-broker/services/projects"
 	"github.com/sandbox-broker/sandbox-broker/services/sandbox"
+	"github.com/sandbox-broker/sandbox-broker/services/uids"
 	"github.com/sandbox-broker/sandbox-broker/services/workspace"
 )
 
@@ -55,6 +56,10 @@ type Options struct {
 	// CSP is the Content-Security-Policy of every preview response; ""
 	// takes DefaultCSP, "none" sends none.
 	CSP string
+	// UIDs and Slots are the broker's sandbox uid leases and live-container
+	// cap, shared with the session engine (see docker.Options).
+	UIDs  *uids.Allocator
+	Slots *sandbox.Slots
 }
 
 // DefaultLimits leave room for a Next.js build (.next holds a few hundred
@@ -144,6 +149,8 @@ func New(ctx context.Context, o Options) (*Provider, error) {
 		Languages:       []string{Language},
 		Log:             o.Log,
 		WorkspaceLimits: o.WorkspaceLimits,
+		UIDs:            o.UIDs,
+		Slots:           o.Slots,
 	})
 	if err != nil {
 		return nil, err
@@ -417,6 +424,7 @@ func (p *Provider) newProject(ctx context.Context, id, tpl string, create bool) 
 		template: tpl,
 		dir:      dir,
 		sess:     sess,
+		owner:    sess.(*docker.Session).WorkspaceOwner,
 		console:  newRing(consoleMaxBytes),
 		requests: newLineRing(requestLogLines),
 	}, nil

@@ -32,6 +32,9 @@ type project struct {
 	template string
 	dir      string // host workspace directory
 	sess     sandbox.Session
+	// owner gives what the broker writes into the workspace to the
+	// project sandbox's uid.
+	owner func(context.Context) (workspace.Option, error)
 
 	mu        sync.Mutex // serialises Build and WriteFiles
 	gen       uint64     // bumped by WriteFiles and Build: the app server restarts
@@ -59,8 +62,8 @@ func (pr *project) outDir() string {
 	return "dist"
 }
 
-func (pr *project) workspace() (*workspace.Workspace, error) {
-	return workspace.Open(pr.dir, pr.p.o.WorkspaceLimits, workspace.WithForbiddenNames(projects.ForbiddenPrefixes...))
+func (pr *project) workspace(opts ...workspace.Option) (*workspace.Workspace, error) {
+	return workspace.Open(pr.dir, pr.p.o.WorkspaceLimits, append(opts, workspace.WithForbiddenNames(projects.ForbiddenPrefixes...))...)
 }
 
 func (pr *project) generation() uint64 {
@@ -101,9 +104,13 @@ func (pr *project) WriteFiles(ctx context.Context, files map[string][]byte) erro
 		paths = append(paths, p)
 	}
 	sort.Strings(paths)
+	own, err := pr.owner(ctx)
+	if err != nil {
+		return err
+	}
 	pr.mu.Lock()
 	defer pr.mu.Unlock()
-	w, err := pr.workspace()
+	w, err := pr.workspace(own)
 	if err != nil {
 		return err
 	}
