@@ -3,6 +3,7 @@ package github
 import (
 	"context"
 	"net/http"
+	"strings"
 
 	gh "github.com/google/go-github/v92/github"
 
@@ -13,6 +14,14 @@ func (rs *repoState) setAccess(ok bool, status string) {
 	rs.mu.Lock()
 	defer rs.mu.Unlock()
 	rs.canPush, rs.status = ok, status
+}
+
+// isDefaultBranch reports whether b is the default branch as of the last
+// access check; it must follow a successful one.
+func (rs *repoState) isDefaultBranch(b string) bool {
+	rs.mu.Lock()
+	defer rs.mu.Unlock()
+	return strings.EqualFold(b, rs.defaultBranch)
 }
 
 // invalidate forgets a good check after GitHub refused the token, so the
@@ -36,7 +45,8 @@ func (rs *repoState) markWriteChecked() {
 	rs.writeChecked = true
 }
 
-// CheckAccess asks GitHub whether the repo's token can push to it.
+// CheckAccess asks GitHub whether the repo's token can push to it, and
+// learns the repository's default branch.
 func (m *Manager) CheckAccess(ctx context.Context, repoID string) error {
 	rs, err := m.repo(repoID)
 	if err != nil {
@@ -63,7 +73,15 @@ func (m *Manager) CheckAccess(ctx context.Context, repoID string) error {
 	case !repo.GetPermissions().GetPush():
 		rs.setAccess(false, "token cannot push")
 		return brokererr.New(brokererr.PermissionDenied, "the token for %s cannot push to the repository", repoID)
+	case repo.GetDefaultBranch() == "":
+		// Without it no write could be told apart from one to the
+		// default branch.
+		rs.setAccess(false, "GitHub did not report the default branch")
+		return brokererr.New(brokererr.Unavailable, "GitHub did not report the default branch of %s", repoID)
 	}
+	rs.mu.Lock()
+	rs.defaultBranch = repo.GetDefaultBranch()
+	rs.mu.Unlock()
 	rs.setAccess(true, "ok")
 	m.log.Info().Str("repo_id", repoID).Msg("github_access_ok")
 	return nil

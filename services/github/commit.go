@@ -1,26 +1,29 @@
 package github
 
 import (
+	"bytes"
 	"context"
 	"encoding/base64"
 	"net/http"
 	"strings"
+	"unicode/utf8"
 
 	gh "github.com/google/go-github/v92/github"
 
 	"github.com/sandbox-broker/sandbox-broker/services/brokererr"
 )
 
-// Commit writes all files in one commit through the Git Data API: blobs, a
-// tree on the branch's (or base branch's) tree, a commit with that parent,
-// then one ref update without force. The ref update is the only step that
+// Commit writes all files in one commit through the Git Data API: a tree
+// on the branch's (or base branch's) tree with the text files inline and
+// the binary ones as blobs, a commit with that parent, then one ref update
+// without force. The ref update is the only step that
 // changes the branch, so the commit is all or nothing. Everything the caller
 // sent is validated before the first request.
 //
 // If the branch moves between reading its head and the ref update (GitHub
 // answers 422, not a fast forward, or "Reference already exists" for a
 // branch created meanwhile), the tree and commit are rebuilt on the new
-// head, reusing the blobs, at most refAttempts times in all. Nothing is
+// head, reusing the entries, at most refAttempts times in all. Nothing is
 // ever forced, so no one else's commit is lost.
 func (m *Manager) Commit(ctx context.Context, req CommitRequest) (CommitResult, error) {
 	rs, paths, err := m.validateCommit(req)
@@ -33,11 +36,16 @@ func (m *Manager) Commit(ctx context.Context, req CommitRequest) (CommitResult, 
 		}
 		rs.markWriteChecked()
 	}
+	// The globs may match it (a "*"), and it may differ from base_branch.
+	if rs.isDefaultBranch(req.Branch) {
+		return CommitResult{}, brokererr.New(brokererr.InvalidBranch,
+			"branch %s is the default branch of %s; commit to a work branch and open a pull request", req.Branch, req.RepoID)
+	}
 	select {
-	case rs.write <- struct{}{}:
-		defer func() { <-rs.write }()
+	case rs.tok.write <- struct{}{}:
+		defer func() { <-rs.tok.write }()
 	case <-ctx.Done():
-		return CommitResult{}, brokererr.Wrap(ctx.Err(), brokererr.Unavailable, "another commit to %s is still running", req.RepoID)
+		return CommitResult{}, brokererr.Wrap(ctx.Err(), brokererr.Unavailable, "another commit with the token of %s is still running", req.RepoID)
 	}
 
 	head, exists, err := m.branchHead(ctx, rs, req.Branch)
@@ -61,7 +69,7 @@ func (m *Manager) Commit(ctx context.Context, req CommitRequest) (CommitResult, 
 			return CommitResult{}, err
 		}
 		if entries == nil {
-			if entries, err = m.createBlobs(ctx, rs, req.Files, paths); err != nil {
+			if entries, err = m.treeEntries(ctx, rs, req.Files, paths); err != nil {
 				return CommitResult{}, err
 			}
 		}
@@ -138,11 +146,18 @@ func (m *Manager) commitTree(ctx context.Context, rs *repoState, commitSHA strin
 	return c.GetTree().GetSHA(), nil
 }
 
-// createBlobs uploads each file as a base64 blob (binary-safe) and returns
-// the tree entries naming them.
-func (m *Manager) createBlobs(ctx context.Context, rs *repoState, files map[string][]byte, paths []string) ([]*gh.TreeEntry, error) {
+// treeEntries returns the tree entries of files. A text file (valid UTF-8
+// without NUL) goes inline, in the entry's content, so GitHub writes its
+// blob with the tree: GitHub asks for mutating requests to be few and
+// serial, and a commit of text files is then three of them. Only a binary
+// file needs its own blob request (base64), made one at a time.
+func (m *Manager) treeEntries(ctx context.Context, rs *repoState, files map[string][]byte, paths []string) ([]*gh.TreeEntry, error) {
 	entries := make([]*gh.TreeEntry, 0, len(paths))
 	for _, p := range paths {
+		if isText(files[p]) {
+			entries = append(entries, &gh.TreeEntry{Path: new(p), Mode: new("100644"), Type: new("blob"), Content: new(string(files[p]))})
+			continue
+		}
 		var blob *gh.Blob
 		err := m.write(ctx, rs, func(ctx context.Context) (*gh.Response, error) {
 			var resp *gh.Response
@@ -239,4 +254,10 @@ func (m *Manager) branchHead(ctx context.Context, rs *repoState, branch string) 
 		return "", false, brokererr.New(brokererr.Unavailable, "GitHub returned an unexpected ref for %s", branch)
 	}
 	return ref.GetObject().GetSHA(), true, nil
+}
+
+// isText reports whether b can travel as a JSON string unchanged: valid
+// UTF-8 and no NUL (which git tools take for binary).
+func isText(b []byte) bool {
+	return utf8.Valid(b) && bytes.IndexByte(b, 0) < 0
 }

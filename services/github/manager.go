@@ -65,7 +65,7 @@ type CommitResult struct {
 }
 
 // Manager talks to GitHub for the allow-listed repos only, one client and
-// token per repo.
+// token per repo. Repos that share a token share its tokenState.
 type Manager struct {
 	log     zerolog.Logger
 	timeout time.Duration
@@ -76,10 +76,7 @@ type Manager struct {
 type repoState struct {
 	cfg    Repo
 	client *gh.Client
-	// write serialises this process's commits to the repo, so two calls do
-	// not race each other into a non-fast-forward. A channel, so waiting
-	// for it honours the caller's context.
-	write chan struct{}
+	tok    *tokenState
 
 	mu      sync.Mutex
 	canPush bool
@@ -87,8 +84,30 @@ type repoState struct {
 	// write, not only at start-up: the start-up check can be hours old.
 	writeChecked bool
 	status       string
+	// defaultBranch is the repository's default branch as of the last
+	// access check; it is never written, whatever the globs allow.
+	defaultBranch string
+}
+
+// tokenState is what the repos sharing one token share. GitHub limits a
+// token's user, not a repository, and asks for that user's requests to be
+// made serially ("avoid concurrent requests", REST API best practices).
+type tokenState struct {
+	// write serialises this process's commits with the token, so its
+	// mutating requests are never concurrent and two commits to one repo
+	// do not race each other into a non-fast-forward. A channel, so
+	// waiting for it honours the caller's context.
+	write chan struct{}
+
+	mu sync.Mutex
 	// limitedUntil closes the gate after a rate limit (see rateLimited).
 	limitedUntil time.Time
+	// expires is when GitHub says the token expires (zero: not said).
+	expires time.Time
+	// warnedFor and warnedLevel are the expiry last warned about and how
+	// (1 expiring, 2 expired), so WarnExpiring logs each once.
+	warnedFor   time.Time
+	warnedLevel int
 }
 
 // New builds a Manager and checks every repo's push access once. A failed
@@ -126,6 +145,7 @@ func New(ctx context.Context, o Options) (*Manager, error) {
 		m.timeout = defaultTimeout
 	}
 	baseURL := base.String()
+	tokens := map[string]*tokenState{}
 	for _, r := range o.Repos {
 		if err := r.validate(); err != nil {
 			return nil, fmt.Errorf("github: %w", err)
@@ -147,7 +167,12 @@ func New(ctx context.Context, o Options) (*Manager, error) {
 			return nil, fmt.Errorf("github: repo %s: client: %w", r.RepoID, err)
 		}
 		r.AllowedBranches = append([]string(nil), r.AllowedBranches...)
-		m.repos[r.RepoID] = &repoState{cfg: r, client: client, status: "not checked", write: make(chan struct{}, 1)}
+		tok := tokens[r.token]
+		if tok == nil {
+			tok = &tokenState{write: make(chan struct{}, 1)}
+			tokens[r.token] = tok
+		}
+		m.repos[r.RepoID] = &repoState{cfg: r, client: client, tok: tok, status: "not checked"}
 		m.ids = append(m.ids, r.RepoID)
 	}
 	sort.Strings(m.ids)

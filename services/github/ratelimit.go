@@ -10,15 +10,15 @@ import (
 )
 
 // rateLimited maps a rate limit to RATE_LIMIT_EXCEEDED with retry_after_s
-// and closes the repo's gate until then, so no request is sent while
+// and closes the token's gate until then, so no request is sent while
 // GitHub would refuse it (clients that keep trying risk being banned).
 func rateLimited(err error, rs *repoState, d time.Duration) error {
 	d = clampRetry(d)
-	rs.mu.Lock()
-	if until := time.Now().Add(d); until.After(rs.limitedUntil) {
-		rs.limitedUntil = until
+	rs.tok.mu.Lock()
+	if until := time.Now().Add(d); until.After(rs.tok.limitedUntil) {
+		rs.tok.limitedUntil = until
 	}
-	rs.mu.Unlock()
+	rs.tok.mu.Unlock()
 	return brokererr.Wrap(err, brokererr.RateLimitExceeded, "GitHub rate limit reached for %s", rs.cfg.RepoID).WithRetryAfter(d)
 }
 
@@ -37,9 +37,9 @@ func clampRetry(d time.Duration) time.Duration {
 // limited is the gate: RATE_LIMIT_EXCEEDED, without a request, until the
 // last rate limit's retry time.
 func (rs *repoState) limited(now time.Time) error {
-	rs.mu.Lock()
-	until := rs.limitedUntil
-	rs.mu.Unlock()
+	rs.tok.mu.Lock()
+	until := rs.tok.limitedUntil
+	rs.tok.mu.Unlock()
 	if !now.Before(until) {
 		return nil
 	}

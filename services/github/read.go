@@ -32,7 +32,9 @@ func (m *Manager) ReadFile(ctx context.Context, repoID, p, branch string) ([]byt
 	err = m.read(ctx, rs, func(ctx context.Context) (*gh.Response, error) {
 		var resp *gh.Response
 		var err error
-		fc, dir, resp, err = rs.client.Repositories.GetContents(ctx, rs.cfg.Owner, rs.cfg.Name, p, &gh.RepositoryContentGetOptions{Ref: branch})
+		// The full ref: a bare name could resolve to a tag of that name
+		// (git looks in refs/tags before refs/heads).
+		fc, dir, resp, err = rs.client.Repositories.GetContents(ctx, rs.cfg.Owner, rs.cfg.Name, p, &gh.RepositoryContentGetOptions{Ref: "refs/heads/" + branch})
 		return resp, err
 	})
 	if isStatus(err, http.StatusNotFound) {

@@ -43,8 +43,12 @@ func (m *Manager) write(ctx context.Context, rs *repoState, call func(context.Co
 	cctx, cancel := context.WithTimeout(ctx, m.timeout)
 	defer cancel()
 	resp, err := call(cctx)
-	if resp != nil && resp.Body != nil {
-		_ = resp.Body.Close()
+	if resp != nil && resp.Response != nil {
+		rs.tok.sawExpiry(resp.Header)
+		m.warnExpiring(rs.tok, time.Now())
+		if resp.Body != nil {
+			_ = resp.Body.Close()
+		}
 	}
 	return err
 }
