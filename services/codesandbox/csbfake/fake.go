@@ -152,12 +152,6 @@ func (s *Server) bumpLocked() {
 	s.changed = make(chan struct{})
 }
 
-func (s *Server) bump() {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.bumpLocked()
-}
-
 // Await returns nil once cond holds, checking it again after every
 // request, agent message, ping and connection change; ctx bounds the wait.
 // cond may call the Server's accessors.
