@@ -263,8 +263,8 @@ func (p *Pitcher) awaitSetup(ctx context.Context) error {
 // agentURL is {pitcherURL}/?token={token}. pitcher_url is "WebSocket URL
 // to connect to Pitcher" (types.gen.d.ts:841-843); the SDK dials it with
 // the ws library, which takes http and https as ws and wss (bundled in
-// dist/esm/node.js:4227-4231), and so does websocket.Dial. Clear text (ws, http) is for loopback only: the token
-// is in the query string.
+// dist/esm/node.js:4227-4231), and so does websocket.Dial. Clear text (ws,
+// http) is for loopback only: the token is in the query string.
 func agentURL(pitcherURL string, token Secret) (*url.URL, error) {
 	u, err := url.Parse(pitcherURL)
 	if err != nil || u.Host == "" || u.User != nil {

@@ -16,9 +16,9 @@ import (
 // Commit writes all files in one commit through the Git Data API: a tree
 // on the branch's (or base branch's) tree with the text files inline and
 // the binary ones as blobs, a commit with that parent, then one ref update
-// without force. The ref update is the only step that
-// changes the branch, so the commit is all or nothing. Everything the caller
-// sent is validated before the first request.
+// without force. The ref update is the only step that changes the branch,
+// so the commit is all or nothing. Everything the caller sent is validated
+// before the first request.
 //
 // If the branch moves between reading its head and the ref update (GitHub
 // answers 422, not a fast forward, or "Reference already exists" for a

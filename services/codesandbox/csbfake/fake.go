@@ -350,8 +350,8 @@ type sandbox struct {
 	fs         *memFS
 	devPort    int
 	devLog     []string
-	setupTasks []string // setup task commands, run on a clean boot
-	setup      setupState
+	setupTasks []string // setup task commands (SetSetupTasks)
+	setupRan   bool     // since the last clean boot
 	shells     map[string]*shell
 	nshell     int
 }
@@ -983,7 +983,7 @@ func (s *Server) boot(sb *sandbox, o *startReq, bootup string) map[string]any {
 	if !sb.running {
 		sb.running = true
 		if bootup != "RESUME" { // a memory snapshot keeps its setup state
-			sb.setup = setupState{}
+			sb.setupRan = false
 		}
 		sb.tier, sb.hibernationSec = "Pico", 300
 		if o != nil && o.Tier != nil {

@@ -5,29 +5,18 @@ import (
 	"strconv"
 )
 
-// setupState is a VM's setup (pitcher-protocol/messages/setup.d.ts:2-13).
-// It is not started until a client joins; then its steps (the template's
-// setup tasks) run at once, and every joined client gets setup/progress.
-type setupState struct {
-	started bool
-	done    bool
-}
-
-// progress is SetupProgress as setup/get and setup/progress carry it:
-// IDLE with no steps until setup starts, then IN_PROGRESS with the steps,
-// FINISHED once they ran. The caller holds s.mu.
+// progress is a VM's SetupProgress (pitcher-protocol/messages/setup.d.ts:
+// 2-13) as setup/get and setup/progress carry it. A VM's setup runs when a
+// client first joins after a clean boot (its steps, the template's setup
+// tasks, finish at once): IDLE with no steps before, FINISHED with them
+// after. The caller holds s.mu.
 func (sb *sandbox) progress() map[string]any {
-	state, status := "IDLE", any(nil)
-	switch {
-	case sb.setup.done:
-		state, status = "FINISHED", "SUCCEEDED"
-	case sb.setup.started:
-		state = "IN_PROGRESS"
-	}
+	state := "IDLE"
 	steps := []map[string]any{}
-	if sb.setup.started {
+	if sb.setupRan {
+		state = "FINISHED"
 		for i, cmd := range sb.setupTasks {
-			steps = append(steps, map[string]any{"name": "Setup task " + strconv.Itoa(i+1), "command": cmd, "shellId": nil, "finishStatus": status})
+			steps = append(steps, map[string]any{"name": "Setup task " + strconv.Itoa(i+1), "command": cmd, "shellId": nil, "finishStatus": "SUCCEEDED"})
 		}
 	}
 	return map[string]any{"state": state, "steps": steps, "currentStepIndex": 0}
@@ -82,9 +71,10 @@ func (s *Server) SetAgentScheme(scheme string) {
 	s.agentScheme = scheme
 }
 
-// runSetup runs after a client joined: it starts the VM's setup (unless
-// held) and sends that client setup/progress, as the real agent does for a
-// client that joined with asyncProgress.
+// runSetup runs after a client joined: it runs the VM's setup (unless
+// held, and if it has not run since the last clean boot) and sends that
+// client setup/progress, as the real agent does for a client that joined
+// with asyncProgress.
 func (s *Server) runSetup(ac *agentConn, sb *sandbox) {
 	s.mu.Lock()
 	hold := s.setupHold
@@ -97,8 +87,7 @@ func (s *Server) runSetup(ac *agentConn, sb *sandbox) {
 		}
 	}
 	s.mu.Lock()
-	sb.setup.started = true
-	sb.setup.done = true // the fake's setup tasks finish at once
+	sb.setupRan = true
 	params := sb.progress()
 	s.calls = append(s.calls, PitcherCall{SandboxID: sb.id, Method: "setup/progress", Params: params, FromAgent: true})
 	s.bumpLocked()
