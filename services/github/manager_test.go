@@ -16,8 +16,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/rs/zerolog"
-
 	"github.com/sandbox-broker/sandbox-broker/services/brokererr"
 	"github.com/sandbox-broker/sandbox-broker/services/github"
 	"github.com/sandbox-broker/sandbox-broker/services/github/ghfake"
@@ -66,24 +64,7 @@ type env_ struct {
 // start-up access check is already done and forgotten from the record.
 func setup(t *testing.T, push bool) env_ {
 	t.Helper()
-	f := ghfake.New()
-	t.Cleanup(f.Close)
-	f.AddRepo(owner, name)
-	f.Grant(token, owner, name, push)
-	repos, err := github.ParseRepos([]byte(allowList))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := github.ResolveTokens(repos, lookup(map[string]string{env: token})); err != nil {
-		t.Fatal(err)
-	}
-	logs := &syncBuffer{}
-	m, err := github.New(context.Background(), github.Options{APIURL: f.URL(), Repos: repos, Timeout: 5 * time.Second, Log: zerolog.New(logs)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	f.ResetRequests()
-	return env_{fake: f, m: m, logs: logs}
+	return setupWith(t, allowList, map[string]string{env: token}, func(f *ghfake.Fake) { f.Grant(token, owner, name, push) })
 }
 
 func gitBlobSHA(b []byte) string {
