@@ -19,10 +19,19 @@ const fineGrainedPAT = "github_pat_11ABCDEFG0123456789_abcdefghijklmnopqrstuvwxy
 // branches, base main) against a fake GitHub.
 func githubBroker(t *testing.T, token string, extra map[string]string) (*Broker, *ghfake.Fake) {
 	t.Helper()
+	return githubBrokerWith(t, token, extra, nil)
+}
+
+// githubBrokerWith is githubBroker with prep run on the fake first.
+func githubBrokerWith(t *testing.T, token string, extra map[string]string, prep func(*ghfake.Fake)) (*Broker, *ghfake.Fake) {
+	t.Helper()
 	fake := ghfake.New()
 	t.Cleanup(fake.Close)
 	fake.AddRepo("acme", "site")
 	fake.Grant(fineGrainedPAT, "acme", "site", true)
+	if prep != nil {
+		prep(fake)
+	}
 	repos := []map[string]any{{"repo_id": "site", "owner": "acme", "name": "site", "allowed_branches": []string{"sandbox/*"},
 		"base_branch": "main", "token_env": "SITE_GITHUB_TOKEN"}}
 	raw, _ := json.Marshal(repos)
@@ -195,5 +204,34 @@ func TestGitHubCommitSessionFiles(t *testing.T) {
 	r2, _ := run(t, c, map[string]any{"session_id": r.SessionID, "language": "bash", "code": "env; cat /proc/1/environ 2>/dev/null | tr '\\0' '\\n'; true"})
 	if strings.Contains(r2.Stdout, "github_pat_") || strings.Contains(r2.Stdout, "SITE_GITHUB_TOKEN") {
 		t.Fatal("token visible inside the sandbox")
+	}
+}
+
+// /readyz names when the GitHub token expires and warns a week ahead,
+// without naming the repo; the log names it.
+func TestGitHubTokenExpiryInReadyz(t *testing.T) {
+	exp := time.Now().Add(72 * time.Hour).Truncate(time.Second).UTC()
+	b, _ := githubBrokerWith(t, fineGrainedPAT, nil, func(f *ghfake.Fake) { f.SetTokenExpiry(fineGrainedPAT, exp) })
+	var ready struct {
+		Status     string            `json:"status"`
+		Components map[string]string `json:"components"`
+		Details    map[string]string `json:"details"`
+	}
+	body := getNoAuth(t, b, "/readyz")
+	if err := json.Unmarshal([]byte(body), &ready); err != nil {
+		t.Fatal(err)
+	}
+	if ready.Status != "ok" || ready.Components["github"] != "ok" || ready.Details["github_token_expires_at"] != exp.Format(time.RFC3339) ||
+		!strings.Contains(ready.Details["github_token_warning"], "expires in") || strings.Contains(body, "site") {
+		t.Fatalf("/readyz: %s", body)
+	}
+	if logs := b.Logs(); !strings.Contains(logs, "github_token_expiring") || !strings.Contains(logs, `"site"`) {
+		t.Fatalf("no expiry warning in the log:\n%s", logs)
+	}
+
+	b2, _ := githubBrokerWith(t, fineGrainedPAT, nil, func(f *ghfake.Fake) { f.SetTokenExpiry(fineGrainedPAT, time.Now().Add(60*24*time.Hour)) })
+	ready.Details = nil
+	if err := json.Unmarshal([]byte(getNoAuth(t, b2, "/readyz")), &ready); err != nil || ready.Details["github_token_expires_at"] == "" || ready.Details["github_token_warning"] != "" {
+		t.Fatalf("far expiry: %+v %v", ready, err)
 	}
 }

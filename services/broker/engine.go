@@ -308,5 +308,9 @@ func (b *Broker) openProjects(ctx context.Context, cfg config.Config, agentBin s
 	}
 	b.checks = append(b.checks, check{"projects", b.projects.Ping})
 	b.every(time.Minute, b.projects.Reap)
+	// Hosted sandboxes with the broker's tag but no row: at start, then
+	// now and then (a no-op for providers that cannot sweep).
+	b.loop(b.projects.Sweep)
+	b.every(30*time.Minute, b.projects.Sweep)
 	return nil
 }

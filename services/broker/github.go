@@ -41,8 +41,10 @@ func (b *Broker) openGitHub(ctx context.Context, cfg config.Config, repos []gith
 	}
 	b.github = m
 	// A repo that failed its start-up check is checked again now and then,
-	// so /readyz recovers once the token or the API is fixed.
+	// so /readyz recovers once the token or the API is fixed; a token near
+	// its expiry is warned about even while idle.
 	b.every(githubRecheckEvery, func(ctx context.Context) {
+		m.WarnExpiring(time.Now())
 		for id, st := range m.Status() {
 			if st != "ok" {
 				cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
@@ -58,12 +60,43 @@ func (b *Broker) openGitHub(ctx context.Context, cfg config.Config, repos []gith
 				bad = append(bad, id+": "+st)
 			}
 		}
+		for id, exp := range m.TokenExpiries() {
+			if !time.Now().Before(exp) {
+				bad = append(bad, id+": token expired")
+			}
+		}
 		if len(bad) > 0 {
 			return fmt.Errorf("%s", strings.Join(bad, "; "))
 		}
 		return nil
 	}})
 	return nil
+}
+
+// githubDetails are /readyz details: when the first GitHub token expires,
+// and a warning from github.ExpiryWarning before. No repo is named (the
+// log does that): /readyz needs no token.
+func (b *Broker) githubDetails() map[string]string {
+	if b.github == nil {
+		return nil
+	}
+	var first time.Time
+	for _, exp := range b.github.TokenExpiries() {
+		if first.IsZero() || exp.Before(first) {
+			first = exp
+		}
+	}
+	if first.IsZero() {
+		return nil
+	}
+	d := map[string]string{"github_token_expires_at": first.UTC().Format(time.RFC3339)}
+	switch left := time.Until(first); {
+	case left <= 0:
+		d["github_token_warning"] = "a GitHub token has expired; replace it"
+	case left <= github.ExpiryWarning:
+		d["github_token_warning"] = fmt.Sprintf("a GitHub token expires in %d hours; replace it before then", int(left/time.Hour))
+	}
+	return d
 }
 
 // githubDeps returns the GitHub tools' dependencies (nil interfaces when

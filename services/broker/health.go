@@ -27,6 +27,9 @@ type Health struct {
 	// Pool counts warm sandbox containers per language (informational:
 	// an empty pool refills in the background and is not a failure).
 	Pool map[string]int `json:"pool,omitempty"`
+	// Details an operator should see that are not failures (when a
+	// GitHub token expires, and a warning a week ahead).
+	Details map[string]string `json:"details,omitempty"`
 }
 
 // healthCache keeps the last result for a second: /readyz needs no token,
@@ -72,6 +75,7 @@ func (b *Broker) checkHealth(ctx context.Context) Health {
 	if b.poolStats != nil {
 		h.Pool = b.poolStats()
 	}
+	h.Details = b.githubDetails()
 	return h
 }
 

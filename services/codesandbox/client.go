@@ -186,6 +186,8 @@ type call struct {
 	notFound notFoundKind
 	// slow calls get a longer per-attempt timeout.
 	slow bool
+	// bare responses are the payload itself, not an envelope (/meta/info).
+	bare bool
 }
 
 type notFoundKind int
@@ -204,10 +206,30 @@ type response struct {
 }
 
 // MetaInfo returns the key's team, scopes and rate limits. It is the
-// cheapest authenticated call.
+// cheapest authenticated call. Its body is a bare MetaInformation (see
+// MetaInfo); an enveloped one is read too, since no source says what the
+// live service sends and Ping must not hinge on it.
 func (c *Client) MetaInfo(ctx context.Context) (*MetaInfo, error) {
 	var out MetaInfo
-	return &out, c.do(ctx, call{method: http.MethodGet, path: "/meta/info", idempotent: true}, &out)
+	var raw json.RawMessage
+	if err := c.do(ctx, call{method: http.MethodGet, path: "/meta/info", idempotent: true, bare: true}, &raw); err != nil {
+		return nil, err
+	}
+	body := raw
+	var top map[string]json.RawMessage
+	if json.Unmarshal(raw, &top) == nil && top["api"] == nil {
+		if data, _, err := decodeEnvelope(raw); err == nil {
+			body = data
+		}
+	}
+	err := json.Unmarshal(body, &out)
+	if err == nil && out.API.Name == "" && out.API.LatestVersion == "" { // api is required
+		err = errors.New("no api in the response")
+	}
+	if err != nil {
+		return nil, brokererr.Wrap(fmt.Errorf("GET /meta/info: %w", err), brokererr.Unavailable, "CodeSandbox sent an unusable response")
+	}
+	return &out, nil
 }
 
 // ListSandboxes lists the workspace's sandboxes (one page).
@@ -432,7 +454,10 @@ func (c *Client) once(ctx context.Context, cl call, payload []byte) (*response, 
 }
 
 func (c *Client) decode(cl call, res *response, out any) error {
-	data, msg, err := decodeEnvelope(res.body)
+	data, msg, err := json.RawMessage(res.body), "", error(nil)
+	if !cl.bare {
+		data, msg, err = decodeEnvelope(res.body)
+	}
 	if err != nil {
 		if msg != "" {
 			err = fmt.Errorf("%w: %s", err, c.scrubText(msg))

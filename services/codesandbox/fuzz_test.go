@@ -2,8 +2,10 @@ package codesandbox
 
 import (
 	"bytes"
+	"encoding/json"
 	"errors"
 	"net/http"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -128,6 +130,9 @@ func FuzzPitcherMessage(f *testing.F) {
 		{"id": 2, "status": 1, "error": map[string]any{"code": 102, "message": "no\x00such\nfile", "data": map[string]any{"errno": 2}}},
 		{"method": "shell/out", "params": map[string]any{"shellId": "s", "out": "\x1b[1mhi"}},
 		{"id": "x", "status": "0"},
+		{"id": 3, "result": nil},
+		{"id": 4, "error": nil},
+		{"id": 5, "error": map[string]any{"message": "no code"}},
 	} {
 		b, _ := msgpack.Marshal(m)
 		f.Add(b)
@@ -138,11 +143,87 @@ func FuzzPitcherMessage(f *testing.F) {
 		if msgpack.Unmarshal(b, &m) != nil {
 			return
 		}
-		if m.ID != nil && (m.Status == nil || *m.Status != 0) {
+		if m.isResponse() && m.isNotification() {
+			t.Fatalf("both a response and a notification: %+v", m)
+		}
+		if m.isResponse() && len(m.Error) > 0 {
 			var pe *PitcherError
 			if !errors.As(pitcherError("m", m), &pe) || len(pe.Message) > maxServerMessage || !utf8.ValidString(pe.Message) {
 				t.Fatalf("error not bounded/clean: %+v", pe)
 			}
+		}
+	})
+}
+
+func TestParseTimestamp(t *testing.T) {
+	for in, want := range map[string]int64{ // JSON value → Unix milliseconds, 0 for no time
+		`"1767225600"`:           1767225600000,
+		`"1767225600123"`:        1767225600123,
+		`"9999999999"`:           9999999999000, // below 1e10: seconds
+		`"10000000000"`:          10000000000,   // from 1e10: milliseconds
+		`1767225600`:             1767225600000,
+		`1767225600123.9`:        1767225600123,
+		`"  42abc"`:              42000, // parseInt: white space, then the digit prefix
+		`"+7"`:                   7000,
+		`"-7"`:                   -7000,
+		`"0"`:                    0,
+		`""`:                     0,
+		`"abc"`:                  0,
+		`"2026-01-01T00:00:00Z"`: 2026000, // parseInt reads the year, as the SDK would
+		`null`:                   0,
+		`true`:                   0,
+		`{"a":1}`:                0,
+		`[1]`:                    0,
+		`"99999999999999999999"`: 0, // past a JS Date
+		`1e300`:                  0,
+	} {
+		var ts Timestamp
+		if err := json.Unmarshal([]byte(in), &ts); err != nil {
+			t.Errorf("%s: %v", in, err)
+			continue
+		}
+		got := int64(0)
+		if !ts.IsZero() {
+			got = ts.UnixMilli()
+		}
+		if got != want {
+			t.Errorf("%s: %d, want %d", in, got, want)
+		}
+	}
+}
+
+// FuzzParseTimestamp: any JSON value decodes without error; a time, when
+// there is one, is within a JS Date's range, and decimal seconds or
+// milliseconds come back exactly.
+func FuzzParseTimestamp(f *testing.F) {
+	for _, s := range []string{`"1767225600"`, `"1767225600123"`, `1767225600`, `" -12x"`, `""`, `null`, `"0"`, `1e400`, `"١٢٣"`} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		if !json.Valid(b) {
+			return
+		}
+		var ts Timestamp
+		if err := json.Unmarshal(b, &ts); err != nil {
+			t.Fatalf("%q: %v", b, err)
+		}
+		if !ts.IsZero() && (ts.UnixMilli() > jsMaxMillis || ts.UnixMilli() < -jsMaxMillis) {
+			t.Fatalf("%q: %v out of range", b, ts.Time)
+		}
+		var s string
+		if json.Unmarshal(b, &s) != nil {
+			return
+		}
+		n, err := strconv.ParseInt(s, 10, 64)
+		if err != nil || n <= 0 || n > jsMaxMillis {
+			return
+		}
+		want := n
+		if n < 1e10 {
+			want = n * 1000
+		}
+		if ts.UnixMilli() != want {
+			t.Fatalf("%q: %d ms, want %d", b, ts.UnixMilli(), want)
 		}
 	})
 }

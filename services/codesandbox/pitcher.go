@@ -80,6 +80,17 @@ func (e *PitcherError) NotFound() bool {
 	return e.Code == PitcherRawFSError && e.Errno != nil && *e.Errno == errnoENOENT
 }
 
+// SetupProgress is setup/get's result and setup/progress's params
+// (pitcher-protocol/messages/setup.d.ts:9-13).
+type SetupProgress struct {
+	State string `msgpack:"state"` // IDLE | IN_PROGRESS | FINISHED | STOPPED
+	Steps []struct {
+		Name    string `msgpack:"name"`
+		Command string `msgpack:"command"`
+	} `msgpack:"steps"`
+	CurrentStepIndex int `msgpack:"currentStepIndex"`
+}
+
 // JoinResult is client/join's result (the fields the broker uses).
 type JoinResult struct {
 	Client struct {
@@ -109,8 +120,11 @@ type Pitcher struct {
 	stop     context.CancelFunc
 	wg       sync.WaitGroup
 	once     sync.Once
+	// setupCh, until awaitSetup is done, receives setup/progress.
+	setupCh chan SetupProgress
 
-	Join JoinResult
+	Join  JoinResult
+	Setup SetupProgress // as the VM reported it before the first use
 }
 
 type pendingCall struct {
@@ -128,22 +142,29 @@ type outMsg struct {
 	Params any    `msgpack:"params"`
 }
 
+// inMsg is any message from the agent. Which keys are present decides
+// what it is, as in the SDK's receiveMessage (dist/esm/index.js:8597-8634,
+// predicates at 8109-8117): no id but params is a notification; with an id,
+// an error key makes it a rejection, else a result key a resolution. The
+// wire's status is not read: the SDK ignores it too. A present key holds
+// at least one byte (msgpack nil is 0xc0), an absent one none.
 type inMsg struct {
 	ID     *int               `msgpack:"id"`
 	Method string             `msgpack:"method"`
-	Status *int               `msgpack:"status"`
 	Params msgpack.RawMessage `msgpack:"params"`
 	Result msgpack.RawMessage `msgpack:"result"`
-	Error  *struct {
-		Code    int                `msgpack:"code"`
-		Message string             `msgpack:"message"`
-		Data    msgpack.RawMessage `msgpack:"data"`
-	} `msgpack:"error"`
+	Error  msgpack.RawMessage `msgpack:"error"`
 }
 
-// DialPitcher connects to {pitcherURL}/?token={token} and sends
-// client/join. The URL must be wss (ws only for loopback: the token is in
-// the query string).
+// isResponse reports whether m answers request *m.ID.
+func (m *inMsg) isResponse() bool { return m.ID != nil && (len(m.Error) > 0 || len(m.Result) > 0) }
+
+// isNotification reports whether m is a notification.
+func (m *inMsg) isNotification() bool { return m.ID == nil && len(m.Params) > 0 }
+
+// DialPitcher connects to {pitcherURL}/?token={token}, sends client/join
+// and waits for the VM's setup to be under way, as the SDK does before it
+// uses a VM (awaitSetup). See agentURL for the URLs it takes.
 func DialPitcher(ctx context.Context, pitcherURL string, token Secret, o PitcherOptions) (*Pitcher, error) {
 	if o.MaxMessageBytes <= 0 {
 		o.MaxMessageBytes = defaultMaxMessage
@@ -157,20 +178,10 @@ func DialPitcher(ctx context.Context, pitcherURL string, token Secret, o Pitcher
 	if o.PongTimeout <= 0 {
 		o.PongTimeout = defaultPongTimeout
 	}
-	u, err := url.Parse(pitcherURL)
-	if err != nil || u.Host == "" || u.User != nil {
-		return nil, brokererr.New(brokererr.Unavailable, "CodeSandbox returned an unusable agent URL")
+	u, err := agentURL(pitcherURL, token)
+	if err != nil {
+		return nil, err
 	}
-	switch {
-	case u.Scheme == "wss":
-	case u.Scheme == "ws" && isLoopback(u.Hostname()):
-	default:
-		return nil, brokererr.New(brokererr.Unavailable, "CodeSandbox returned an agent URL that is not wss")
-	}
-	u.Path = strings.TrimRight(u.Path, "/") + "/"
-	u.RawPath = ""
-	u.RawQuery = url.Values{"token": {token.Reveal()}}.Encode()
-	u.Fragment = ""
 
 	dctx, cancel := context.WithTimeout(ctx, o.CallTimeout)
 	defer cancel()
@@ -196,6 +207,9 @@ func DialPitcher(ctx context.Context, pitcherURL string, token Secret, o Pitcher
 		shells:  map[string]*shellRun{},
 		done:    make(chan struct{}),
 		stop:    stop,
+		// Watched from the start: the agent may report progress as soon
+		// as the client has joined, before setup/get is even sent.
+		setupCh: make(chan SetupProgress, 1),
 	}
 	p.lastRecv.Store(time.Now().UnixNano())
 	p.wg.Add(2)
@@ -206,7 +220,67 @@ func DialPitcher(ctx context.Context, pitcherURL string, token Secret, o Pitcher
 		_ = p.Close()
 		return nil, err
 	}
+	if err := p.awaitSetup(ctx); err != nil {
+		_ = p.Close()
+		return nil, err
+	}
 	return p, nil
+}
+
+// awaitSetup is what the SDK does between client/join and handing out the
+// VM (SandboxClient.create, dist/esm/index.js:11066-11082): setup/get, and
+// unless that already lists steps, wait for the first setup/progress. The
+// wait is bounded by CallTimeout. A progress notification that arrived
+// since the connection opened counts too (the SDK listens only after
+// setup/get's answer and would wait for the next one).
+func (p *Pitcher) awaitSetup(ctx context.Context) error {
+	ch := p.setupCh
+	defer func() {
+		p.mu.Lock()
+		p.setupCh = nil
+		p.mu.Unlock()
+	}()
+	if err := p.Call(ctx, "setup/get", struct{}{}, &p.Setup); err != nil {
+		return err
+	}
+	if len(p.Setup.Steps) > 0 {
+		return nil
+	}
+	t := time.NewTimer(p.o.CallTimeout)
+	defer t.Stop()
+	select {
+	case p.Setup = <-ch:
+		return nil
+	case <-p.done:
+		return fmt.Errorf("%w: setup/progress: %w", ErrPitcherClosed, p.Err())
+	case <-ctx.Done():
+		return p.ctxErr(ctx, "setup/progress")
+	case <-t.C:
+		return brokererr.New(brokererr.Unavailable, "the sandbox did not report its setup in time; try again")
+	}
+}
+
+// agentURL is {pitcherURL}/?token={token}. pitcher_url is "WebSocket URL
+// to connect to Pitcher" (types.gen.d.ts:841-843); the SDK dials it with
+// the ws library, which takes http and https as ws and wss (bundled in
+// dist/esm/node.js:4227-4231), and so does websocket.Dial. Clear text (ws,
+// http) is for loopback only: the token is in the query string.
+func agentURL(pitcherURL string, token Secret) (*url.URL, error) {
+	u, err := url.Parse(pitcherURL)
+	if err != nil || u.Host == "" || u.User != nil {
+		return nil, brokererr.New(brokererr.Unavailable, "CodeSandbox returned an unusable agent URL")
+	}
+	switch {
+	case u.Scheme == "wss" || u.Scheme == "https":
+	case (u.Scheme == "ws" || u.Scheme == "http") && isLoopback(u.Hostname()):
+	default:
+		return nil, brokererr.New(brokererr.Unavailable, "CodeSandbox returned an agent URL that is not wss or https")
+	}
+	u.Path = strings.TrimRight(u.Path, "/") + "/"
+	u.RawPath = ""
+	u.RawQuery = url.Values{"token": {token.Reveal()}}.Encode()
+	u.Fragment = ""
+	return u, nil
 }
 
 // joinParams are client/join's params exactly as codesandbox-api.md §5.1
@@ -316,7 +390,7 @@ func (p *Pitcher) call(ctx context.Context, method string, params, out any, hook
 		if !ok {
 			return fmt.Errorf("%w: %s: %w", ErrPitcherClosed, method, p.Err())
 		}
-		if m.Status == nil || *m.Status != 0 {
+		if len(m.Error) > 0 {
 			return pitcherError(method, m)
 		}
 		if out != nil && len(m.Result) > 0 {
@@ -349,16 +423,22 @@ func (p *Pitcher) ctxErr(ctx context.Context, method string) error {
 
 func pitcherError(method string, m inMsg) error {
 	e := &PitcherError{Method: method, Code: -1, Message: "malformed response"}
-	if m.Error != nil {
-		e.Code = m.Error.Code
-		e.Message = cleanText(m.Error.Message, maxServerMessage)
-		if len(m.Error.Data) > 0 {
-			var d struct {
-				Errno *int `msgpack:"errno"`
-			}
-			if msgpack.Unmarshal(m.Error.Data, &d) == nil {
-				e.Errno = d.Errno
-			}
+	var pe struct {
+		Code    *int               `msgpack:"code"`
+		Message string             `msgpack:"message"`
+		Data    msgpack.RawMessage `msgpack:"data"`
+	}
+	if msgpack.Unmarshal(m.Error, &pe) != nil || pe.Code == nil {
+		return e
+	}
+	e.Code = *pe.Code
+	e.Message = cleanText(pe.Message, maxServerMessage)
+	if len(pe.Data) > 0 {
+		var d struct {
+			Errno *int `msgpack:"errno"`
+		}
+		if msgpack.Unmarshal(pe.Data, &d) == nil {
+			e.Errno = d.Errno
 		}
 	}
 	return e
@@ -383,7 +463,8 @@ func (p *Pitcher) readLoop(ctx context.Context) {
 			p.log.Warn().Err(err).Int("bytes", len(data)).Msg("pitcher_bad_message")
 			continue
 		}
-		if m.ID != nil && m.Status != nil {
+		switch {
+		case m.isResponse():
 			p.mu.Lock()
 			pc := p.pending[*m.ID]
 			delete(p.pending, *m.ID)
@@ -391,15 +472,17 @@ func (p *Pitcher) readLoop(ctx context.Context) {
 			if pc == nil {
 				continue // its caller gave up
 			}
-			if pc.hook != nil && *m.Status == 0 {
+			if pc.hook != nil && len(m.Error) == 0 {
 				pc.hook(m.Result)
 			}
 			pc.ch <- m
-			continue
-		}
-		if !p.notify(m.Method, m.Params) {
-			_ = p.conn.CloseNow()
-			return
+		case m.isNotification():
+			if !p.notify(m.Method, m.Params) {
+				_ = p.conn.CloseNow()
+				return
+			}
+		default:
+			p.log.Warn().Str("method", cleanText(m.Method, 64)).Msg("pitcher_unidentified_message")
 		}
 	}
 }
@@ -431,6 +514,18 @@ func (p *Pitcher) notify(method string, params msgpack.RawMessage) bool {
 		}
 		if msgpack.Unmarshal(params, &n) == nil {
 			p.finishShell(n.ShellID, -1)
+		}
+	case "setup/progress":
+		var n SetupProgress
+		if msgpack.Unmarshal(params, &n) == nil {
+			p.mu.Lock()
+			if p.setupCh != nil {
+				select {
+				case p.setupCh <- n:
+				default: // one is enough
+				}
+			}
+			p.mu.Unlock()
 		}
 	case "system/hibernate":
 		// The VM is going to sleep: end this connection so the next

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -268,7 +269,7 @@ func TestPitcherJoinParamsAsDocumented(t *testing.T) {
 	sr := startVM(t, f, UniversalTemplate)
 	dial(t, sr, nil)
 	calls := f.PitcherCalls()
-	if len(calls) != 1 || calls[0].Method != "client/join" {
+	if len(calls) == 0 || calls[0].Method != "client/join" {
 		t.Fatalf("calls: %+v", calls)
 	}
 	p := calls[0].Params
@@ -326,5 +327,129 @@ func TestPitcherCommandShape(t *testing.T) {
 	}
 	if pl, ok := byMethod["port/list"]; !ok || len(pl) != 0 {
 		t.Fatalf("port/list params: %v", pl)
+	}
+}
+
+// The SDK routes a response on its result or error key and never reads
+// status (dist/esm/index.js:8611-8634); an agent that leaves status out
+// must still be answered.
+func TestPitcherRoutesResponsesWithoutStatus(t *testing.T) {
+	f := newFake(t)
+	f.SetResponseStatus(false)
+	sr := startVM(t, f, UniversalTemplate)
+	p := dial(t, sr, func(o *PitcherOptions) { o.CallTimeout = 3 * time.Second })
+	cx := ctx(t)
+	if err := p.WriteFile(cx, "/project/workspace/x.txt", []byte("hello")); err != nil {
+		t.Fatal(err)
+	}
+	if b, err := p.ReadFile(cx, "/project/workspace/x.txt"); err != nil || string(b) != "hello" {
+		t.Fatalf("%q %v", b, err)
+	}
+	_, err := p.ReadFile(cx, "/project/workspace/missing")
+	var pe *PitcherError
+	if !errors.As(err, &pe) || !pe.NotFound() {
+		t.Fatalf("error response not routed: %v", err)
+	}
+}
+
+// After client/join the SDK calls setup/get and, unless that lists steps,
+// waits for the first setup/progress before it uses the VM
+// (dist/esm/index.js:11066-11082). Nothing is written before then.
+func TestPitcherWaitsForSetupProgress(t *testing.T) {
+	f := newFake(t)
+	release := f.HoldSetup()
+	sr := startVM(t, f, UniversalTemplate)
+	type dialed struct {
+		p   *Pitcher
+		err error
+	}
+	done := make(chan dialed, 1)
+	go func() {
+		p, err := DialPitcher(ctx(t), sr.PitcherURL, sr.PitcherToken, PitcherOptions{})
+		done <- dialed{p, err}
+	}()
+	await(t, f, "setup/get", func() bool { return slices.Contains(methods(f, sr.ID), "setup/get") })
+	release()
+	d := <-done
+	if d.err != nil {
+		t.Fatal(d.err)
+	}
+	t.Cleanup(func() { _ = d.p.Close() })
+	if d.p.Setup.State != "FINISHED" {
+		t.Fatalf("setup: %+v", d.p.Setup)
+	}
+	if err := d.p.WriteFile(ctx(t), "a.txt", []byte("a")); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"client/join", "setup/get", "setup/progress", "fs/writeFile"}
+	if got := methods(f, sr.ID); !slices.Equal(got, want) {
+		t.Fatalf("order: %v, want %v", got, want)
+	}
+}
+
+func TestPitcherSetupThatNeverStartsFailsTheDial(t *testing.T) {
+	f := newFake(t)
+	defer f.HoldSetup()()
+	sr := startVM(t, f, UniversalTemplate)
+	_, err := DialPitcher(ctx(t), sr.PitcherURL, sr.PitcherToken, PitcherOptions{CallTimeout: 300 * time.Millisecond})
+	if e := wantCode(t, err, brokererr.Unavailable); !e.Retryable {
+		t.Fatalf("not retryable: %+v", e)
+	}
+	if got := methods(f, sr.ID); !slices.Equal(got, []string{"client/join", "setup/get"}) {
+		t.Fatalf("calls: %v", got)
+	}
+}
+
+// A VM whose setup already lists steps is usable at once.
+func TestPitcherSetupWithStepsNeedsNoProgress(t *testing.T) {
+	f := newFake(t)
+	f.AddTemplate("tplsetup", nil, 0)
+	f.SetSetupTasks("tplsetup", "npm ci")
+	sr := startVM(t, f, "tplsetup")
+	first := dial(t, sr, nil) // starts the VM's setup
+	if err := first.Close(); err != nil {
+		t.Fatal(err)
+	}
+	defer f.HoldSetup()() // no progress for the next client
+	p := dial(t, sr, func(o *PitcherOptions) { o.CallTimeout = 2 * time.Second })
+	if len(p.Setup.Steps) != 1 || p.Setup.Steps[0].Command != "npm ci" {
+		t.Fatalf("setup: %+v", p.Setup)
+	}
+}
+
+// pitcher_url may be https (or http on loopback): the SDK's ws library
+// dials those as wss and ws.
+func TestPitcherURLSchemes(t *testing.T) {
+	for raw, ok := range map[string]bool{
+		"wss://abc123-57468.csb.app":        true,
+		"https://abc123-57468.csb.app":      true,
+		"https://abc123-57468.csb.app/x/":   true,
+		"ws://127.0.0.1:8080/pitcher/abc":   true,
+		"http://127.0.0.1:8080/pitcher/abc": true,
+		"http://localhost:8080":             true,
+		"ws://abc123-57468.csb.app":         false,
+		"http://abc123-57468.csb.app":       false,
+		"ftp://abc123-57468.csb.app":        false,
+		"https://user:pw@abc.csb.app":       false,
+		"https:///nohost":                   false,
+	} {
+		u, err := agentURL(raw, "tok/en")
+		if (err == nil) != ok {
+			t.Errorf("%s: %v", raw, err)
+			continue
+		}
+		if ok && (u.Query().Get("token") != "tok/en" || !strings.HasSuffix(u.Path, "/")) {
+			t.Errorf("%s: %s", raw, u)
+		}
+	}
+	f := newFake(t)
+	f.SetAgentScheme("http")
+	sr := startVM(t, f, UniversalTemplate)
+	if !strings.HasPrefix(sr.PitcherURL, "http://") {
+		t.Fatalf("fake pitcher_url %s", sr.PitcherURL)
+	}
+	p := dial(t, sr, nil)
+	if err := p.WriteFile(ctx(t), "a", []byte("a")); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -90,9 +90,13 @@ type ProviderOptions struct {
 	// PublicPreviews makes previews reachable without a token. Default
 	// false: sandboxes are private with private previews (§2.5).
 	PublicPreviews bool
-	// Tag marks the broker's sandboxes; Open refuses untagged ones.
-	// Default "sandbox-broker".
+	// Tag marks the broker's sandboxes; Open refuses untagged ones and
+	// Sweep deletes tagged ones the broker does not know. Default
+	// "sandbox-broker".
 	Tag string
+	// SweepGrace is how old a sandbox must be before Sweep may delete it
+	// (default 15 minutes).
+	SweepGrace time.Duration
 	// MaxOutputBytes bounds a build's output (default 1 MiB).
 	MaxOutputBytes int
 	Pitcher        PitcherOptions
@@ -147,6 +151,9 @@ func NewProvider(o ProviderOptions) (*Provider, error) {
 	}
 	if o.Tag == "" {
 		o.Tag = "sandbox-broker"
+	}
+	if o.SweepGrace <= 0 {
+		o.SweepGrace = defaultSweepGrace
 	}
 	if o.MaxOutputBytes <= 0 {
 		o.MaxOutputBytes = defaultMaxShellOutput

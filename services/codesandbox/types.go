@@ -146,16 +146,21 @@ func (f *FlexValue) UnmarshalJSON(b []byte) error {
 	return nil
 }
 
-// Budget is one rate-limit budget in /meta/info. Reset's format is not
-// documented (Unix seconds in the fake; ParseRateLimit reads the same
-// forms from the x-csb-*-reset headers).
+// Budget is one rate-limit budget in /meta/info. The SDK types Reset as a
+// number (types.gen.d.ts:347); it stays a FlexValue so a string form (as
+// ParseRateLimit reads from the x-csb-*-reset headers) cannot break Ping.
 type Budget struct {
 	Limit     int       `json:"limit"`
 	Remaining int       `json:"remaining"`
 	Reset     FlexValue `json:"reset,omitempty"`
 }
 
-// MetaInfo is GET /meta/info's data.
+// MetaInfo is GET /meta/info's body, MetaInformation in the SDK
+// (types.gen.d.ts:320-355). It is the one response not wrapped in the
+// {success, errors, data} envelope: the spec answers it with a bare
+// MetaInformation (types.gen.d.ts:955-959) and the SDK's getMetaInfo
+// returns it without handleResponse (dist/esm/index.js:12422). Auth and
+// RateLimits are optional there, and Auth.Team may be null.
 type MetaInfo struct {
 	API struct {
 		Name          string `json:"name"`
@@ -179,8 +184,8 @@ type RunningVMs struct {
 	ConcurrentVMLimit int `json:"concurrent_vm_limit"`
 	VMs               []struct {
 		ID               string    `json:"id"`
-		LastActiveAt     time.Time `json:"last_active_at"`
-		SessionStartedAt time.Time `json:"session_started_at"`
+		LastActiveAt     Timestamp `json:"last_active_at"`
+		SessionStartedAt Timestamp `json:"session_started_at"`
 		// Units and number types of specs are not documented.
 		Specs struct {
 			CPU     float64 `json:"cpu"`

@@ -16,8 +16,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/rs/zerolog"
-
 	"github.com/sandbox-broker/sandbox-broker/services/brokererr"
 	"github.com/sandbox-broker/sandbox-broker/services/github"
 	"github.com/sandbox-broker/sandbox-broker/services/github/ghfake"
@@ -66,24 +64,7 @@ type env_ struct {
 // start-up access check is already done and forgotten from the record.
 func setup(t *testing.T, push bool) env_ {
 	t.Helper()
-	f := ghfake.New()
-	t.Cleanup(f.Close)
-	f.AddRepo(owner, name)
-	f.Grant(token, owner, name, push)
-	repos, err := github.ParseRepos([]byte(allowList))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := github.ResolveTokens(repos, lookup(map[string]string{env: token})); err != nil {
-		t.Fatal(err)
-	}
-	logs := &syncBuffer{}
-	m, err := github.New(context.Background(), github.Options{APIURL: f.URL(), Repos: repos, Timeout: 5 * time.Second, Log: zerolog.New(logs)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	f.ResetRequests()
-	return env_{fake: f, m: m, logs: logs}
+	return setupWith(t, allowList, map[string]string{env: token}, func(f *ghfake.Fake) { f.Grant(token, owner, name, push) })
 }
 
 func gitBlobSHA(b []byte) string {
@@ -141,9 +122,7 @@ func TestCommitThreeFilesIsOneCommitAndOnePR(t *testing.T) {
 		"GET " + base + "/git/ref/heads/sandbox/feature 404",
 		"GET " + base + "/git/ref/heads/main 200",
 		"GET " + base + "/git/commits/" + mainHead + " 200",
-		"POST " + base + "/git/blobs 201",
-		"POST " + base + "/git/blobs 201",
-		"POST " + base + "/git/blobs 201",
+		"POST " + base + "/git/blobs 201", // the binary file; text goes inline in the tree
 		"POST " + base + "/git/trees 201",
 		"POST " + base + "/git/commits 201",
 		"POST " + base + "/git/refs 201",
@@ -154,10 +133,14 @@ func TestCommitThreeFilesIsOneCommitAndOnePR(t *testing.T) {
 		t.Fatalf("requests:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}
 
-	// The tree is built on the base tree and names exactly our files.
+	// The tree is built on the base tree and names exactly our files: text
+	// inline, the binary file by its blob.
 	var tree struct {
 		BaseTree string `json:"base_tree"`
-		Tree     []struct{ Path, Mode, Type, SHA string }
+		Tree     []struct {
+			Path, Mode, Type, SHA string
+			Content               *string
+		}
 	}
 	for _, r := range reqs {
 		if r.Method == "POST" && strings.HasSuffix(r.Path, "/git/trees") {
@@ -172,7 +155,9 @@ func TestCommitThreeFilesIsOneCommitAndOnePR(t *testing.T) {
 	var paths []string
 	for _, en := range tree.Tree {
 		paths = append(paths, en.Path)
-		if en.Mode != "100644" || en.Type != "blob" || en.SHA != gitBlobSHA(files[en.Path]) {
+		inline := en.Path != "data/blob.bin"
+		if en.Mode != "100644" || en.Type != "blob" || inline != (en.Content != nil) ||
+			inline && (en.SHA != "" || *en.Content != string(files[en.Path])) || !inline && en.SHA != gitBlobSHA(files[en.Path]) {
 			t.Errorf("tree entry %+v", en)
 		}
 	}
@@ -538,10 +523,10 @@ func TestTokenWithoutContentsWrite(t *testing.T) {
 		t.Errorf("message %q does not name the permission", be.Message)
 	}
 	reqs := f.Requests()
-	if n := count(reqs, "POST", "/git/blobs"); n != 1 {
-		t.Errorf("%d blob posts, want 1 (stop at the first refusal)", n)
+	if n := count(reqs, "POST", "/git/trees"); n != 1 {
+		t.Errorf("%d tree posts, want 1 (stop at the first refusal)", n)
 	}
-	if count(reqs, "POST", "/git/trees")+count(reqs, "POST", "/git/commits")+count(reqs, "POST", "/git/refs") != 0 {
+	if count(reqs, "POST", "/git/blobs")+count(reqs, "POST", "/git/commits")+count(reqs, "POST", "/git/refs") != 0 {
 		t.Errorf("requests after the refusal: %v", calls(reqs))
 	}
 	if s := m.Status()[repoID]; s != "token lacks permission" {
@@ -567,7 +552,7 @@ func TestBranchMovedMidCommitIsRebuiltOnTheNewHead(t *testing.T) {
 	})
 	e.fake.ResetRequests()
 	res, err := e.m.Commit(context.Background(), github.CommitRequest{RepoID: repoID, Branch: branch,
-		Files: map[string][]byte{"a.txt": []byte("a")}, Message: "m"})
+		Files: map[string][]byte{"a.txt": []byte("a"), "b.bin": {0, 0xff}}, Message: "m"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -577,6 +562,9 @@ func TestBranchMovedMidCommitIsRebuiltOnTheNewHead(t *testing.T) {
 	}
 	if n := count(reqs, "POST", "/git/blobs"); n != 1 {
 		t.Errorf("blobs posted %d times; the retry must reuse them", n)
+	}
+	if n := count(reqs, "POST", "/git/trees"); n != 2 {
+		t.Errorf("%d trees, want 2 (one per attempt)", n)
 	}
 	for _, r := range reqs {
 		if r.Method == "PATCH" && strings.Contains(string(r.Body), `"force":true`) {

@@ -15,7 +15,7 @@ import (
 )
 
 func testRepoState() *repoState {
-	return &repoState{cfg: Repo{RepoID: "r"}, status: "ok", canPush: true, writeChecked: true}
+	return &repoState{cfg: Repo{RepoID: "r"}, tok: &tokenState{write: make(chan struct{}, 1)}, status: "ok", canPush: true, writeChecked: true}
 }
 
 func response(status int, hdr map[string]string) *http.Response {
@@ -132,6 +132,44 @@ func FuzzRetryAfter(f *testing.F) {
 		be := brokererr.As(rateLimited(fmt.Errorf("x"), rs, d))
 		if be == nil || be.RetryAfter != c || !be.Retryable {
 			t.Fatalf("rateLimited(%v) = %+v", d, be)
+		}
+	})
+}
+
+func TestParseTokenExpiry(t *testing.T) {
+	want := time.Date(2026, 3, 1, 12, 30, 5, 0, time.UTC)
+	for in, ok := range map[string]bool{
+		"2026-03-01 12:30:05 UTC":   true,
+		" 2026-03-01 12:30:05 UTC ": true,
+		"2026-03-01 21:30:05 +0900": true,
+		"2026-03-01T12:30:05Z":      true,
+		"2026-03-01 12:30:05 PST":   false, // Go would read it as UTC
+		"2026-03-01 12:30:05":       false,
+		"2026-02-30 12:30:05 UTC":   false,
+		"":                          false,
+		"never":                     false,
+	} {
+		got, gotOK := parseTokenExpiry(in)
+		if gotOK != ok || ok && !got.Equal(want) {
+			t.Errorf("%q: %v %v", in, got, gotOK)
+		}
+	}
+}
+
+// FuzzParseTokenExpiry: no panic; a time read comes back from its own
+// rendering in GitHub's layout.
+func FuzzParseTokenExpiry(f *testing.F) {
+	for _, s := range []string{"2026-03-01 12:30:05 UTC", "2026-03-01 21:30:05 +0900", "2026-03-01T12:30:05Z", "9999-12-31 23:59:59 UTC", "x UTC"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		got, ok := parseTokenExpiry(s)
+		if !ok {
+			return
+		}
+		back, ok := parseTokenExpiry(got.Format(time.DateTime) + " UTC")
+		if !ok || !back.Equal(got.Truncate(time.Second)) {
+			t.Fatalf("%q → %v → %v %v", s, got, back, ok)
 		}
 	})
 }

@@ -263,3 +263,28 @@ func (m *Manager) Reap(ctx context.Context) {
 		m.log.Info().Str("sandbox_id", id).Msg("project_expired")
 	}
 }
+
+// Sweep has the provider delete sandboxes with no row here, if it can
+// (Sweeper). A row counts until Reap removes it, so expired sandboxes stay
+// Reap's business.
+func (m *Manager) Sweep(ctx context.Context) {
+	sw, ok := m.p.(Sweeper)
+	if !ok {
+		return
+	}
+	n, err := sw.Sweep(ctx, func(ctx context.Context, id string) (bool, error) {
+		var one int
+		err := m.db.QueryRowContext(ctx, `SELECT 1 FROM projects WHERE id = ?`, id).Scan(&one)
+		if errors.Is(err, sql.ErrNoRows) {
+			return false, nil
+		}
+		return err == nil, err
+	})
+	if err != nil {
+		m.log.Warn().Str("error_code", string(brokererr.CodeOf(err))).Int("deleted", n).Msg("project_sweep_failed")
+		return
+	}
+	if n > 0 {
+		m.log.Info().Int("deleted", n).Msg("project_orphans_deleted")
+	}
+}

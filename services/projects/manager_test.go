@@ -165,3 +165,48 @@ func TestPerPrincipalCapHoldsUnderParallelCreates(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// Sweep deletes the provider's tagged sandboxes that have no row (here:
+// forked behind the manager's back, as a crash before the insert leaves
+// them) and spares those with a row, expired or not. The broker is
+// restarted in between, so its provider holds nothing open.
+func TestSweepDeletesSandboxesWithoutARow(t *testing.T) {
+	fake := csbfake.New(t, key)
+	dbPath := filepath.Join(t.TempDir(), "state.db")
+	clk := &clock{t: time.Now()}
+	open := func() (*projects.Manager, *codesandbox.Provider) {
+		p, err := codesandbox.NewProvider(codesandbox.ProviderOptions{API: codesandbox.Options{BaseURL: fake.URL(), APIKey: key},
+			SweepGrace: time.Nanosecond, Log: zerolog.Nop()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		m, err := projects.Open(context.Background(), projects.Options{DBPath: dbPath, Provider: p, Now: clk.now, Log: zerolog.Nop()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = p.Close(context.Background()); _ = m.Close() })
+		return m, p
+	}
+	ctx := context.Background()
+	m, p := open()
+	rec, _, err := m.Create(ctx, "alice", projects.CreateRequest{ProjectName: "shop", Template: "react"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	orphan, err := p.Client().Fork(ctx, codesandbox.UniversalTemplate, codesandbox.ForkRequest{Tags: []string{"sandbox-broker"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = p.Close(ctx)
+	_ = m.Close()
+
+	m, _ = open()
+	clk.add(projects.TTL + time.Minute) // expired, not yet reaped: still Reap's
+	m.Sweep(ctx)
+	if st, _ := fake.Sandbox(orphan.ID); !st.Deleted {
+		t.Fatalf("orphan kept: %+v", st)
+	}
+	if st, _ := fake.Sandbox(rec.ID); st.Deleted {
+		t.Fatal("a sandbox with a row was swept")
+	}
+}

@@ -53,6 +53,15 @@ type Provider interface {
 	Close(ctx context.Context) error
 }
 
+// Sweeper is a Provider that can delete sandboxes of its own that the
+// projects table does not list (a crash between create and the row, a lost
+// state database), where they would otherwise run and bill unseen.
+type Sweeper interface {
+	// Sweep deletes the provider's sandboxes for which known reports
+	// false, and returns how many it deleted. A known error stops it.
+	Sweep(ctx context.Context, known func(ctx context.Context, id string) (bool, error)) (int, error)
+}
+
 // Sandbox is one project sandbox.
 type Sandbox interface {
 	ID() string

@@ -1,10 +1,15 @@
 // Package csbfake is a strict in-memory stand-in for the CodeSandbox
-// management API and the in-VM Pitcher agent, for tests. It follows
-// codesandbox-api.md (§10 is its checklist): exact paths and methods,
-// bearer auth, the {success, errors, data} envelope, x-csb-* rate-limit
-// headers on every response, refusal of unknown or mistyped fields, and a
-// Pitcher WebSocket (msgpack) that needs the token from the start call.
-// It records every request so tests can assert what was, or was not, sent.
+// management API and the in-VM Pitcher agent, for tests. Its payloads
+// follow the published types of @codesandbox/sdk 2.4.2
+// (dist/esm/api-clients/client/types.gen.d.ts and
+// dist/esm/pitcher-protocol/messages/*.d.ts; the contract tests in the
+// parent package hold it to golden fixtures type-checked against them);
+// codesandbox-api.md §10 is its checklist for behaviour: exact paths and
+// methods, bearer auth, the {success, errors, data} envelope (except on
+// GET /meta/info, which the spec answers bare), x-csb-* rate-limit headers
+// on every response, refusal of unknown or mistyped fields, and a Pitcher
+// WebSocket (msgpack) that needs the token from the start call. It records
+// every request so tests can assert what was, or was not, sent.
 package csbfake
 
 import (
@@ -54,12 +59,14 @@ type Request struct {
 	Status     int
 }
 
-// PitcherCall is one recorded agent request.
+// PitcherCall is one recorded agent request, or with FromAgent a
+// notification the agent sent (only setup/progress is recorded).
 type PitcherCall struct {
 	SandboxID string
 	Method    string
 	// Params as decoded generically (bin → []byte).
-	Params map[string]any
+	Params    map[string]any
+	FromAgent bool
 }
 
 // Fault makes the next N matching REST requests fail (after auth).
@@ -109,6 +116,9 @@ type Server struct {
 	sbUsed      int
 	silentPings bool
 	pings       int
+	noStatus    bool          // responses without the status key
+	agentScheme string        // of pitcher_url: "ws" (default) or "http"
+	setupHold   chan struct{} // while open, VM setup does not start (HoldSetup)
 	// changed is closed and replaced whenever state may have changed, so
 	// Await wakes on events instead of polling.
 	changed chan struct{}
@@ -119,14 +129,15 @@ func New(t testing.TB, apiKey string) *Server {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &Server{
-		t:         t,
-		key:       apiKey,
-		ctx:       ctx,
-		cancel:    cancel,
-		sandboxes: map[string]*sandbox{},
-		limits:    Limits{RequestsHourly: 10000, SandboxesHourly: 200, ConcurrentVMs: 10},
-		window:    time.Now().Truncate(time.Second),
-		changed:   make(chan struct{}),
+		t:           t,
+		key:         apiKey,
+		ctx:         ctx,
+		cancel:      cancel,
+		sandboxes:   map[string]*sandbox{},
+		limits:      Limits{RequestsHourly: 10000, SandboxesHourly: 200, ConcurrentVMs: 10},
+		window:      time.Now().Truncate(time.Second),
+		changed:     make(chan struct{}),
+		agentScheme: "ws",
 	}
 	s.sandboxes[UniversalTemplate] = newSandbox(UniversalTemplate, "Universal", true)
 	s.routes()
@@ -139,12 +150,6 @@ func New(t testing.TB, apiKey string) *Server {
 func (s *Server) bumpLocked() {
 	close(s.changed)
 	s.changed = make(chan struct{})
-}
-
-func (s *Server) bump() {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.bumpLocked()
 }
 
 // Await returns nil once cond holds, checking it again after every
@@ -342,11 +347,13 @@ type sandbox struct {
 	previewTokens  []string
 	conns          map[*agentConn]struct{}
 
-	fs      *memFS
-	devPort int
-	devLog  []string
-	shells  map[string]*shell
-	nshell  int
+	fs         *memFS
+	devPort    int
+	devLog     []string
+	setupTasks []string // setup task commands (SetSetupTasks)
+	setupRan   bool     // since the last clean boot
+	shells     map[string]*shell
+	nshell     int
 }
 
 func newSandbox(id, title string, template bool) *sandbox {
@@ -734,11 +741,13 @@ func noQuery(h http.HandlerFunc) http.HandlerFunc {
 	}
 }
 
+// metaInfo answers a bare MetaInformation: the spec's 200 for /meta/info
+// is not enveloped (types.gen.d.ts:955-959).
 func (s *Server) metaInfo(w http.ResponseWriter, r *http.Request) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	reset := s.window.Add(time.Hour).Unix()
-	writeData(w, http.StatusOK, map[string]any{
+	writeJSON(w, http.StatusOK, map[string]any{
 		"api":  map[string]any{"name": "CodeSandbox API", "latest_version": "2023-07-01"},
 		"auth": map[string]any{"scopes": []string{"sandbox:read", "sandbox:create", "vm:manage", "preview_token:manage", "sandbox:edit_code"}, "team": "00000000-0000-4000-8000-000000000001", "version": "2023-07-01"},
 		"rate_limits": map[string]any{
@@ -959,8 +968,9 @@ func (s *Server) fork(w http.ResponseWriter, r *http.Request) {
 	}
 	sb.fs = src.fs.clone()
 	sb.devPort = src.devPort
+	sb.setupTasks = slices.Clone(src.setupTasks)
 	s.sandboxes[id] = sb
-	data := map[string]any{"id": id, "alias": nil, "title": sb.title}
+	data := map[string]any{"id": id, "alias": id, "title": sb.title}
 	if req.StartOptions != nil {
 		data["start_response"] = s.boot(sb, req.StartOptions, "FORK")
 	}
@@ -972,6 +982,9 @@ func (s *Server) fork(w http.ResponseWriter, r *http.Request) {
 func (s *Server) boot(sb *sandbox, o *startReq, bootup string) map[string]any {
 	if !sb.running {
 		sb.running = true
+		if bootup != "RESUME" { // a memory snapshot keeps its setup state
+			sb.setupRan = false
+		}
 		sb.tier, sb.hibernationSec = "Pico", 300
 		if o != nil && o.Tier != nil {
 			sb.tier = *o.Tier
@@ -986,7 +999,7 @@ func (s *Server) boot(sb *sandbox, o *startReq, bootup string) map[string]any {
 	u, _ := url.Parse(s.srv.URL)
 	return map[string]any{
 		"id": sb.id, "bootup_type": bootup, "cluster": "fake-eu-1",
-		"pitcher_url":     "ws://" + u.Host + "/pitcher/" + sb.id,
+		"pitcher_url":     s.agentScheme + "://" + u.Host + "/pitcher/" + sb.id,
 		"pitcher_token":   token,
 		"reconnect_token": "rt_" + randHex(16),
 		"pitcher_version": PitcherVersion, "latest_pitcher_version": PitcherVersion, "pitcher_manager_version": "0.1.0",
@@ -1081,12 +1094,15 @@ func (s *Server) deleteVM(w http.ResponseWriter, r *http.Request) {
 func (s *Server) runningVMs(w http.ResponseWriter, r *http.Request) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	// Times are strings of Unix seconds or milliseconds (types.gen.d.ts:198-199,
+	// read by the SDK's parseTimestamp): both forms are sent.
 	vms := []map[string]any{}
 	for _, sb := range s.sandboxes {
 		if sb.running {
 			vms = append(vms, map[string]any{
-				"id": sb.id, "last_active_at": sb.updated.Format(time.RFC3339), "session_started_at": sb.updated.Format(time.RFC3339),
-				"specs": map[string]any{"cpu": 1, "memory": 2048, "storage": 20480}, "credit_basis": "5",
+				"id": sb.id, "last_active_at": strconv.FormatInt(sb.updated.Unix(), 10),
+				"session_started_at": strconv.FormatInt(sb.updated.UnixMilli(), 10),
+				"specs":              map[string]any{"cpu": 1, "memory": 2048, "storage": 20480}, "credit_basis": "5",
 			})
 		}
 	}

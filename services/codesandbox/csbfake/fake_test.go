@@ -69,9 +69,10 @@ func TestAuthRequired(t *testing.T) {
 	if len(reqs) != 4 || reqs[0].Authorized || reqs[0].Status != 401 {
 		t.Fatalf("requests: %+v", reqs)
 	}
-	code, _, env, _ := do(t, s, "GET", "/meta/info", bearer(), "")
-	if code != 200 || !env.Success || !bytes.Contains(env.Data, []byte(`"team"`)) {
-		t.Fatalf("authorized: %d %+v", code, env)
+	// A bare MetaInformation, not an envelope (types.gen.d.ts:955-959).
+	code, _, _, raw := do(t, s, "GET", "/meta/info", bearer(), "")
+	if code != 200 || !bytes.HasPrefix(raw, []byte(`{"api":`)) || !bytes.Contains(raw, []byte(`"team"`)) {
+		t.Fatalf("authorized: %d %s", code, raw)
 	}
 	if r := s.Requests()[4]; !r.Authorized || r.Status != 200 {
 		t.Fatalf("record: %+v", r)

@@ -181,16 +181,28 @@ func (s *Server) agentLoop(ac *agentConn, sb *sandbox) {
 				joined = true
 			}
 		}
-		s.bump()
+		s.mu.Lock()
+		withStatus := !s.noStatus
+		s.bumpLocked()
+		s.mu.Unlock()
+		resp := map[string]any{"id": *req.ID, "method": req.Method}
 		if aerr != nil {
 			e := map[string]any{"code": aerr.code, "message": aerr.msg}
 			if aerr.code == codeRawFS {
 				e["data"] = map[string]any{"errno": aerr.errno}
 			}
-			ac.send(map[string]any{"id": *req.ID, "method": req.Method, "status": 1, "error": e})
+			resp["error"] = e
+			if withStatus {
+				resp["status"] = 1
+			}
+			ac.send(resp)
 			continue
 		}
-		ac.send(map[string]any{"id": *req.ID, "method": req.Method, "status": 0, "result": result})
+		resp["result"] = result
+		if withStatus {
+			resp["status"] = 0
+		}
+		ac.send(resp)
 		if after != nil {
 			after()
 		}
@@ -224,14 +236,26 @@ func (s *Server) handle(ac *agentConn, sb *sandbox, method string, raw msgpack.R
 		if p.ClientInfo.ProtocolVersion == "" {
 			return bad(errors.New("clientInfo.protocolVersion is required"))
 		}
+		var after func()
+		if p.AsyncProgress {
+			after = func() { go s.runSetup(ac, sb) }
+		}
 		return map[string]any{
 			"client": map[string]any{
-				"clientId": "c_" + randHex(4), "username": "csb", "name": "csb", "avatarUrl": "", "color": "#fff", "appId": p.ClientInfo.AppID,
+				"clientId": "c_" + randHex(4), "username": "csb", "name": "csb", "avatarUrl": nil, "color": "#fff", "appId": p.ClientInfo.AppID,
 			},
 			"workspacePath": UserWorkspacePath, "version": PitcherVersion, "protocolVersion": PitcherVersion,
 			"latestPitcherVersion": PitcherVersion, "capabilities": map[string]any{}, "permissions": map[string]any{},
 			"isProtected": false, "reconnectToken": "rt_" + randHex(8),
-		}, nil, nil
+		}, after, nil
+
+	case "setup/get":
+		if err := decodeStrict(raw, &struct{}{}); err != nil {
+			return bad(err)
+		}
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return sb.progress(), nil, nil
 
 	case "fs/writeFile":
 		var p struct {
@@ -468,10 +492,7 @@ func (sh *shell) dto(withBuffer bool) map[string]any {
 		d["isSystemShell"] = true
 	}
 	if withBuffer {
-		d["buffer"] = slices.Clone(sh.buffer)
-		if d["buffer"] == nil {
-			d["buffer"] = []string{}
-		}
+		d["buffer"] = append([]string{}, sh.buffer...) // never nil: buffer is a string[]
 	}
 	return d
 }

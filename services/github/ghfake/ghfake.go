@@ -1,10 +1,12 @@
 // Package ghfake is an in-memory stand-in for the GitHub REST API, exactly
 // as much of it as services/github uses: repositories, Git refs, blobs,
 // trees, commits, pull requests and contents. It is strict the way GitHub
-// is (tokens, permissions, request shapes, fast-forward-only ref updates),
-// sends the X-RateLimit-* headers GitHub sends, can answer with each shape
-// of GitHub's rate limits, and records every request, so tests can assert
-// what reached "GitHub".
+// is (tokens, permissions, request shapes, fast-forward-only ref updates,
+// git's ref resolution, the secondary limits on content creation and on
+// concurrent writes; see limits.go), sends the X-RateLimit-* and token
+// expiry headers GitHub sends, can answer with each shape of GitHub's
+// rate limits, and records every request, so tests can assert what
+// reached "GitHub".
 package ghfake
 
 import (
@@ -111,14 +113,18 @@ type Fake struct {
 	hook     func(method, path string)
 	seq      int
 	nextID   int64
-	used     int       // requests counted against the primary limit
-	reset    time.Time // when the primary window resets
+	used     int                    // requests counted against the primary limit
+	reset    time.Time              // when the primary window resets
+	inflight map[string]int         // token → mutating requests being answered
+	created  map[string][]time.Time // token → its content-creating requests, last hour
+	expiry   map[string]time.Time   // token → when it expires (SetTokenExpiry)
 }
 
 type repo struct {
-	owner, name string
-	id          int64
-	archived    bool
+	owner, name   string
+	id            int64
+	archived      bool
+	defaultBranch string
 	// rolePush, per token, is the push bit GET /repos reports: the token
 	// owner's role. It can differ from what the token may do (the grant),
 	// as with a fine-grained token made without contents:write.
@@ -133,7 +139,7 @@ type repo struct {
 // New starts a fake on a loopback port.
 func New() *Fake {
 	f := &Fake{repos: map[string]*repo{}, tokens: map[string]map[string]bool{}, nextID: 1000,
-		reset: time.Now().Add(time.Hour)}
+		reset: time.Now().Add(time.Hour), inflight: map[string]int{}, created: map[string][]time.Time{}, expiry: map[string]time.Time{}}
 	f.srv = httptest.NewServer(http.HandlerFunc(f.serve))
 	return f
 }
@@ -150,7 +156,7 @@ func (f *Fake) AddRepo(owner, name string) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.nextID++
-	r := &repo{owner: owner, name: name, id: f.nextID, rolePush: map[string]bool{}, blobs: map[string][]byte{},
+	r := &repo{owner: owner, name: name, id: f.nextID, defaultBranch: "main", rolePush: map[string]bool{}, blobs: map[string][]byte{},
 		trees: map[string]map[string]string{}, commits: map[string]*Commit{}, refs: map[string]string{}}
 	f.repos[key(owner, name)] = r
 	readme := r.putBlob([]byte("# " + name + "\n"))
@@ -382,10 +388,12 @@ func (f *Fake) putCommit(r *repo, tree, message string, parents []string) string
 	return sha
 }
 
-// resolve maps a branch name, heads/ or refs/heads/ ref, or commit SHA to a
-// commit SHA ("" if none).
+// resolve maps a ref to a commit SHA ("" if none) the way git does
+// (gitrevisions: <refname>, refs/<refname>, refs/tags/<refname>,
+// refs/heads/<refname>), so a bare name that is both a tag and a branch
+// is the tag; then a commit SHA.
 func (r *repo) resolve(ref string) string {
-	for _, k := range []string{ref, "refs/" + ref, "refs/heads/" + ref} {
+	for _, k := range []string{ref, "refs/" + ref, "refs/tags/" + ref, "refs/heads/" + ref} {
 		if sha, ok := r.refs[k]; ok && strings.HasPrefix(k, "refs/") {
 			return sha
 		}
@@ -443,8 +451,10 @@ func invalid(resource, field, code string) *apiError {
 
 func (f *Fake) serve(w http.ResponseWriter, req *http.Request) {
 	body, _ := io.ReadAll(io.LimitReader(req.Body, 64<<20))
+	tok := tokenOf(req.Header.Get("Authorization"))
 	f.mu.Lock()
 	hook := f.hook
+	concurrent, leave := f.enter(tok, req.Method)
 	f.mu.Unlock()
 	if hook != nil {
 		hook(req.Method, req.URL.Path)
@@ -452,7 +462,8 @@ func (f *Fake) serve(w http.ResponseWriter, req *http.Request) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	rec := Request{Method: req.Method, Path: req.URL.Path, Query: req.URL.RawQuery, Body: body}
-	status, v, hdr := f.handle(req, body)
+	status, v, hdr := f.handle(req, body, concurrent)
+	leave() // answered: the next write of this token is no longer concurrent
 	rec.Status = status
 	f.requests = append(f.requests, rec)
 	for k, val := range hdr {
@@ -489,8 +500,24 @@ func (f *Fake) rateHeaders(hdr map[string]string) map[string]string {
 	return hdr
 }
 
-// handle answers one request under f.mu.
-func (f *Fake) handle(req *http.Request, body []byte) (int, any, map[string]string) {
+// handle answers one request under f.mu, with the token's expiry header
+// on every authenticated answer, as GitHub sends it for tokens that expire.
+func (f *Fake) handle(req *http.Request, body []byte, concurrent bool) (int, any, map[string]string) {
+	status, v, hdr := f.answer(req, body, concurrent)
+	if exp, ok := f.expiry[tokenOf(req.Header.Get("Authorization"))]; ok && status != http.StatusUnauthorized {
+		if hdr == nil {
+			hdr = map[string]string{}
+		}
+		hdr[ExpiryHeader] = exp.UTC().Format(ExpiryLayout)
+	}
+	return status, v, hdr
+}
+
+func (f *Fake) answer(req *http.Request, body []byte, concurrent bool) (int, any, map[string]string) {
+	if concurrent {
+		st, v, hdr := limitAnswer(SecondaryNoRetryAfter)
+		return st, v, f.rateHeaders(hdr)
+	}
 	if len(f.limits) > 0 {
 		kind := f.limits[0]
 		f.limits = f.limits[1:]
@@ -581,6 +608,11 @@ func (f *Fake) route(req *http.Request, body []byte) (any, map[string]string, in
 	if write && r.archived {
 		return nil, nil, 0, fail(http.StatusForbidden, "Repository was archived so is read-only.")
 	}
+	if write {
+		if e := f.createContent(tokenOf(req.Header.Get("Authorization")), time.Now()); e != nil {
+			return nil, nil, 0, e
+		}
+	}
 	m := req.Method
 	switch {
 	case len(rest) == 0 && m == http.MethodGet:
@@ -632,7 +664,7 @@ func (f *Fake) auth(h string) (map[string]bool, *apiError) {
 		return nil, fail(http.StatusUnauthorized, "Bad credentials")
 	}
 	grants, ok := f.tokens[tok]
-	if !ok {
+	if exp, expires := f.expiry[tok]; !ok || expires && !time.Now().Before(exp) {
 		return nil, fail(http.StatusUnauthorized, "Bad credentials")
 	}
 	return grants, nil
@@ -686,7 +718,7 @@ func (f *Fake) getRepo(r *repo, push bool) any {
 		"id": r.id, "node_id": fmt.Sprintf("R_%d", r.id), "name": r.name, "full_name": r.owner + "/" + r.name,
 		"private": true, "owner": map[string]any{"login": r.owner, "id": 1, "type": "User"},
 		"html_url": "https://github.com/" + r.owner + "/" + r.name, "url": f.base(r),
-		"default_branch": "main", "archived": r.archived, "visibility": "private",
+		"default_branch": r.defaultBranch, "archived": r.archived, "visibility": "private",
 		"permissions": map[string]bool{"admin": false, "maintain": false, "push": push, "triage": push, "pull": true},
 	}
 }
@@ -1038,7 +1070,7 @@ func (f *Fake) listPulls(r *repo, req *http.Request) (any, map[string]string, in
 
 func (f *Fake) getContents(r *repo, path, ref string) (any, map[string]string, int, *apiError) {
 	if ref == "" {
-		ref = "main"
+		ref = r.defaultBranch
 	}
 	sha := r.resolve(ref)
 	if sha == "" {

@@ -211,3 +211,108 @@ func TestFakeGrantRole(t *testing.T) {
 		t.Fatalf("pull: %d %v %v", a.status, a.header, a.body)
 	}
 }
+
+// GitHub's published secondary limit on content creation: 80 writes a
+// minute per token. The 81st is refused with the secondary-limit answer
+// and a Retry-After; another token is not affected.
+func TestFakeContentCreationLimit(t *testing.T) {
+	f := ghfake.New()
+	defer f.Close()
+	f.AddRepo("acme", "widgets")
+	f.Grant(pat, "acme", "widgets", true)
+	other := "github_" + "pat_" + strings.Repeat("Ot5", 20)
+	f.Grant(other, "acme", "widgets", true)
+	for i := range ghfake.ContentPerMinute {
+		if a := do(t, f, "POST", "/repos/acme/widgets/git/blobs", "Bearer "+pat, `{"content":"x`+strconv.Itoa(i)+`"}`); a.status != 201 {
+			t.Fatalf("write %d: %d %v", i, a.status, a.body)
+		}
+	}
+	a := do(t, f, "POST", "/repos/acme/widgets/git/blobs", "Bearer "+pat, `{"content":"one too many"}`)
+	retry, _ := strconv.Atoi(a.header.Get("Retry-After"))
+	if msg, _ := a.body["message"].(string); a.status != 403 || !strings.Contains(msg, "secondary rate limit") || retry < 1 || retry > 60 {
+		t.Fatalf("81st write: %d %v %v", a.status, a.header, a.body)
+	}
+	if a := do(t, f, "GET", "/repos/acme/widgets", "Bearer "+pat, ""); a.status != 200 {
+		t.Fatalf("reads are not content creation: %d", a.status)
+	}
+	if a := do(t, f, "POST", "/repos/acme/widgets/git/blobs", "Bearer "+other, `{"content":"y"}`); a.status != 201 {
+		t.Fatalf("another token: %d", a.status)
+	}
+}
+
+// A write of a token while another of its writes is being answered gets a
+// secondary rate limit: GitHub asks for requests to be serial.
+func TestFakeRefusesConcurrentWrites(t *testing.T) {
+	f := ghfake.New()
+	defer f.Close()
+	f.AddRepo("acme", "widgets")
+	f.Grant(pat, "acme", "widgets", true)
+	held, release := make(chan struct{}), make(chan struct{})
+	var once bool
+	f.OnRequest(func(method, path string) {
+		if method == "POST" && !once {
+			once = true
+			close(held)
+			<-release
+		}
+	})
+	first := make(chan answer, 1)
+	go func() { first <- do(t, f, "POST", "/repos/acme/widgets/git/blobs", "Bearer "+pat, `{"content":"a"}`) }()
+	<-held
+	if a := do(t, f, "GET", "/repos/acme/widgets", "Bearer "+pat, ""); a.status != 200 {
+		t.Fatalf("a read alongside: %d", a.status)
+	}
+	a := do(t, f, "POST", "/repos/acme/widgets/git/blobs", "Bearer "+pat, `{"content":"b"}`)
+	if msg, _ := a.body["message"].(string); a.status != 403 || !strings.Contains(msg, "secondary rate limit") {
+		t.Fatalf("concurrent write: %d %v", a.status, a.body)
+	}
+	close(release)
+	if a := <-first; a.status != 201 {
+		t.Fatalf("first write: %d", a.status)
+	}
+	if a := do(t, f, "POST", "/repos/acme/widgets/git/blobs", "Bearer "+pat, `{"content":"c"}`); a.status != 201 {
+		t.Fatalf("a later write: %d", a.status)
+	}
+}
+
+// Refs resolve as git resolves them: a bare name that is both a tag and a
+// branch is the tag; refs/heads/<name> is the branch.
+func TestFakeResolvesRefsLikeGit(t *testing.T) {
+	f := ghfake.New()
+	defer f.Close()
+	f.AddRepo("acme", "widgets")
+	f.Grant(pat, "acme", "widgets", true)
+	f.PushCommit("acme", "widgets", "v1", map[string]string{"f": "branch"}, "b")
+	f.AddTag("acme", "widgets", "v1", map[string]string{"f": "tag"})
+	for ref, want := range map[string]string{"v1": "tag", "refs/tags/v1": "tag", "refs/heads/v1": "branch", "heads/v1": "branch"} {
+		a := do(t, f, "GET", "/repos/acme/widgets/contents/f?ref="+ref, "Bearer "+pat, "")
+		s, _ := a.body["content"].(string)
+		if a.status != 200 || s == "" {
+			t.Fatalf("%s: %d %v", ref, a.status, a.body)
+		}
+		if got, _ := f.File("acme", "widgets", ref, "f"); string(got) != want {
+			t.Errorf("%s: %q, want %q", ref, got, want)
+		}
+	}
+	f.SetDefaultBranch("acme", "widgets", "trunk")
+	if a := do(t, f, "GET", "/repos/acme/widgets", "Bearer "+pat, ""); a.body["default_branch"] != "trunk" {
+		t.Fatalf("default_branch %v", a.body["default_branch"])
+	}
+}
+
+// An expiring token's answers name its expiry; past it, 401.
+func TestFakeTokenExpiry(t *testing.T) {
+	f := ghfake.New()
+	defer f.Close()
+	f.AddRepo("acme", "widgets")
+	f.Grant(pat, "acme", "widgets", true)
+	exp := time.Date(2099, 1, 2, 3, 4, 5, 0, time.UTC)
+	f.SetTokenExpiry(pat, exp)
+	if a := do(t, f, "GET", "/repos/acme/widgets", "Bearer "+pat, ""); a.status != 200 || a.header.Get(ghfake.ExpiryHeader) != "2099-01-02 03:04:05 UTC" {
+		t.Fatalf("%d %v", a.status, a.header)
+	}
+	f.SetTokenExpiry(pat, time.Now().Add(-time.Second))
+	if a := do(t, f, "GET", "/repos/acme/widgets", "Bearer "+pat, ""); a.status != 401 || a.header.Get(ghfake.ExpiryHeader) != "" {
+		t.Fatalf("expired: %d %v", a.status, a.header)
+	}
+}
