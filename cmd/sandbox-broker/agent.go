@@ -13,7 +13,16 @@ import (
 // agentCmd runs the in-sandbox agent: `sandbox-broker agent [--socket path]
 // [--language lang] [--workdir dir] [--sweep auto|container|descendants]
 // [--no-zygote] [--allow-sandbox-clients]`. It is the sandbox container's main process.
-func agentCmd(ctx context.Context, args []string, stderr io.Writer) int {
+// `sandbox-broker agent sessions` prints the live session IDs in the PID
+// namespace instead (the Docker engine's stray check under gVisor).
+func agentCmd(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	if len(args) == 1 && args[0] == agent.SessionsCommand {
+		if err := agent.PrintSessions(stdout); err != nil {
+			fmt.Fprintln(stderr, "agent:", err)
+			return 1
+		}
+		return 0
+	}
 	fs := flag.NewFlagSet("agent", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	socket := fs.String("socket", filepath.Join(agent.SocketDir, agent.SocketName), "unix socket to listen on")

@@ -175,11 +175,15 @@ func New(ctx context.Context, o Options) (*Engine, error) {
 		o:        o,
 		cli:      cli,
 		log:      o.Log.With().Str("component", "docker").Logger(),
-		seco:     SeccompProfileJSON(),
+		seco:     SeccompProfileJSON(o.Runtime),
 		dataLink: map[string]bool{},
 		pools:    map[string]*pool{},
 	}
 	e.ctx, e.cancel = context.WithCancel(context.WithoutCancel(ctx))
+	if err := e.checkRuntime(ctx); err != nil {
+		_ = cli.Close()
+		return nil, err
+	}
 	if _, err := e.discover(ctx); err != nil {
 		_ = cli.Close()
 		return nil, err
@@ -386,6 +390,9 @@ type ctr struct {
 	// gone is set when a job's quota watcher removed the container; the
 	// session drops it on its next use.
 	gone atomic.Bool
+	// sessions, under gVisor, is what the last stray check found (see
+	// sessionsBefore). Guarded by the owning session's mu.
+	sessions map[int]bool
 }
 
 func (c *ctr) socket() string { return filepath.Join(c.runDir, agent.SocketName) }
@@ -498,6 +505,7 @@ func (e *Engine) specFor(r runnerImage, id, workspaceDir, runDir, workspaceLabel
 		},
 		Mounts: mounts,
 	}
+	e.applyRuntimeLimits(hc)
 	return cfg, hc
 }
 
@@ -583,6 +591,9 @@ func (e *Engine) startContainer(ctx context.Context, r runnerImage, workspaceDir
 			e.log.Warn().Str("container", shortID(c.dockerID)).Msg("zygote_not_warm")
 		}
 		cancel()
+	}
+	if e.o.Runtime == RuntimeRunsc {
+		e.sessionsBefore(ctx, c) // the first stray-check snapshot, off a pooled container's first run
 	}
 	return c, nil
 }
