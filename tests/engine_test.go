@@ -200,7 +200,9 @@ func testForkBombContained(t *testing.T, rt string) {
 	}
 }
 
-func TestNoNetworkAndNoWritesOutsideWorkspace(t *testing.T) { forRuntimes(t, testNoNetworkAndNoWritesOutsideWorkspace) }
+func TestNoNetworkAndNoWritesOutsideWorkspace(t *testing.T) {
+	forRuntimes(t, testNoNetworkAndNoWritesOutsideWorkspace)
+}
 
 func testNoNetworkAndNoWritesOutsideWorkspace(t *testing.T, rt string) {
 	b := engineBroker(t, map[string]string{"SANDBOX_RUNTIME": rt})
@@ -489,7 +491,9 @@ func TestCloseSessionLeavesNoContainer(t *testing.T) {
 	mustToolError(t, callTool(t, c, "list_artifacts", map[string]any{"session_id": r.SessionID}), "SANDBOX_NOT_FOUND")
 }
 
-func TestRestartKeepsWorkspaceAndSweepsOrphans(t *testing.T) { forRuntimes(t, testRestartKeepsWorkspaceAndSweepsOrphans) }
+func TestRestartKeepsWorkspaceAndSweepsOrphans(t *testing.T) {
+	forRuntimes(t, testRestartKeepsWorkspaceAndSweepsOrphans)
+}
 
 func testRestartKeepsWorkspaceAndSweepsOrphans(t *testing.T, rt string) {
 	b := engineBroker(t, map[string]string{"SANDBOX_RUNTIME": rt})
@@ -622,7 +626,9 @@ open("blob.bin", "wb").write(bytes(range(256)))
 // the run. The agent's sweep skips zombies, so this is the broker's
 // host-side check at work: it sees the live thread in a new session and
 // replaces the container.
-func TestZombieLeaderThreadsDoNotSurvive(t *testing.T) { forRuntimes(t, testZombieLeaderThreadsDoNotSurvive) }
+func TestZombieLeaderThreadsDoNotSurvive(t *testing.T) {
+	forRuntimes(t, testZombieLeaderThreadsDoNotSurvive)
+}
 
 func testZombieLeaderThreadsDoNotSurvive(t *testing.T, rt string) {
 	b := engineBroker(t, map[string]string{"SANDBOX_RUNTIME": rt})

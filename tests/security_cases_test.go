@@ -75,7 +75,9 @@ for fd in fds: os.close(fd)
 print(json.dumps(out))
 `
 
-func TestSecurityCatalogueContainerCases(t *testing.T) { forRuntimes(t, testSecurityCatalogueContainerCases) }
+func TestSecurityCatalogueContainerCases(t *testing.T) {
+	forRuntimes(t, testSecurityCatalogueContainerCases)
+}
 
 func testSecurityCatalogueContainerCases(t *testing.T, rt string) {
 	b := engineBroker(t, map[string]string{"SANDBOX_RUNTIME": rt})
