@@ -13,11 +13,12 @@ import (
 // agentCmd runs the in-sandbox agent: `sandbox-broker agent [--socket path]
 // [--language lang] [--workdir dir] [--sweep auto|container|descendants]
 // [--no-zygote] [--allow-sandbox-clients]`. It is the sandbox container's main process.
-// `sandbox-broker agent sessions` prints the live session IDs in the PID
-// namespace instead (the Docker engine's stray check under gVisor).
-func agentCmd(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+// `sandbox-broker agent sessions` instead answers each line on stdin with
+// the live session IDs in its PID namespace (the Docker engine's stray
+// check under gVisor).
+func agentCmd(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	if len(args) == 1 && args[0] == agent.SessionsCommand {
-		if err := agent.PrintSessions(stdout); err != nil {
+		if err := agent.ServeSessions(stdin, stdout); err != nil {
 			fmt.Fprintln(stderr, "agent:", err)
 			return 1
 		}

@@ -1,15 +1,17 @@
 package agent
 
 import (
+	"bufio"
 	"encoding/json"
+	"errors"
 	"io"
 	"os"
 	"slices"
 	"strconv"
 )
 
-// SessionsCommand is the argument of `sandbox-broker agent` that prints
-// LiveSessions as a JSON array and exits.
+// SessionsCommand is the argument of `sandbox-broker agent` that runs
+// ServeSessions on stdin and stdout.
 const SessionsCommand = "sessions"
 
 // LiveSessions returns the sorted session IDs of every live thread in
@@ -59,13 +61,26 @@ func LiveSessions(procRoot string) ([]int, error) {
 	return out, nil
 }
 
-// PrintSessions writes LiveSessions of /proc to w as a JSON array.
-func PrintSessions(w io.Writer) error {
-	s, err := LiveSessions("/proc")
-	if err != nil {
-		return err
+// ServeSessions answers each line read from r with LiveSessions of /proc
+// as one line of JSON on w, until r ends.
+func ServeSessions(r io.Reader, w io.Writer) error {
+	in := bufio.NewReader(r)
+	enc := json.NewEncoder(w)
+	for {
+		if _, err := in.ReadString('\n'); err != nil {
+			if errors.Is(err, io.EOF) {
+				return nil
+			}
+			return err
+		}
+		s, err := LiveSessions("/proc")
+		if err != nil {
+			return err
+		}
+		if err := enc.Encode(s); err != nil {
+			return err
+		}
 	}
-	return json.NewEncoder(w).Encode(s)
 }
 
 func readDirNames(dir string) ([]string, error) {

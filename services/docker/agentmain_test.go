@@ -20,7 +20,7 @@ import (
 
 func testAgentMain(args []string) int {
 	if len(args) == 1 && args[0] == agent.SessionsCommand {
-		if err := agent.PrintSessions(os.Stdout); err != nil {
+		if err := agent.ServeSessions(os.Stdin, os.Stdout); err != nil {
 			fmt.Fprintln(os.Stderr, "agent:", err)
 			return 1
 		}

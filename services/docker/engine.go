@@ -390,8 +390,10 @@ type ctr struct {
 	// gone is set when a job's quota watcher removed the container; the
 	// session drops it on its next use.
 	gone atomic.Bool
-	// sessions, under gVisor, is what the last stray check found (see
-	// sessionsBefore). Guarded by the owning session's mu.
+	// Under gVisor: monitor lists the sandbox's sessions, and sessions is
+	// what the last stray check found (see sessionsBefore), guarded by the
+	// owning session's mu.
+	monitor  *sessionMonitor
 	sessions map[int]bool
 }
 
@@ -593,13 +595,19 @@ func (e *Engine) startContainer(ctx context.Context, r runnerImage, workspaceDir
 		cancel()
 	}
 	if e.o.Runtime == RuntimeRunsc {
-		e.sessionsBefore(ctx, c) // the first stray-check snapshot, off a pooled container's first run
+		m, err := e.startSessionMonitor(ctx, c)
+		if err != nil {
+			return fail(brokererr.Wrap(err, brokererr.Unavailable, "cannot watch the %s sandbox's processes", r.Language))
+		}
+		c.monitor = m
+		e.sessionsBefore(c) // the first stray-check snapshot, off a pooled container's first run
 	}
 	return c, nil
 }
 
 // removeContainer force-removes c and its run dir (not its workspace).
 func (e *Engine) removeContainer(ctx context.Context, c *ctr) error {
+	c.monitor.close()
 	var err error
 	if c.dockerID != "" {
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), removeTimeout)

@@ -3,13 +3,16 @@ package docker
 // gVisor (runsc) support: what differs from runc is here.
 
 import (
-	"bytes"
+	"bufio"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/docker/docker/api/types/container"
@@ -107,22 +110,31 @@ func (e *Engine) applyRuntimeLimits(hc *container.HostConfig) {
 	hc.Ulimits = append(hc.Ulimits, &container.Ulimit{Name: "nproc", Soft: n, Hard: n})
 }
 
-// sessionsTimeout bounds one in-sandbox session listing.
+// sessionsTimeout bounds starting the session monitor and each answer.
 const sessionsTimeout = 10 * time.Second
 
-// sandboxSessions returns the session IDs of every live thread in c as the
-// sandbox's kernel sees them. Under runsc the sandbox's processes are not
-// host processes (the host sees only the Sentry, the gofer and stubs, all in
-// sessions of their own), so the host-/proc check of runc cannot work. The
-// listing runs as a separate process started by the runtime, as root with
-// no capabilities: sandbox code (another uid) cannot signal, trace or feed
-// it, and what it reads is the Sentry's /proc.
-func (e *Engine) sandboxSessions(ctx context.Context, c *ctr) (map[int]bool, error) {
+// sessionMonitor lists the sessions of every live thread in a gVisor
+// sandbox as the sandbox's kernel sees them. Under runsc the sandbox's
+// processes are not host processes (the host sees only the Sentry, the
+// gofer and systrap stubs, in sessions of their own), so runc's host-/proc
+// check cannot work. The monitor is `agent sessions`, started once per
+// container by the runtime as root with no capabilities: sandbox code runs
+// as another uid and cannot signal, trace or feed it, and what it reads is
+// the Sentry's /proc. It answers one line of JSON per line it is sent.
+type sessionMonitor struct {
+	mu   sync.Mutex
+	conn net.Conn      // the exec's stdin, and its output stream
+	out  *bufio.Reader // its stdout, demultiplexed
+}
+
+// startSessionMonitor starts c's monitor; the container's removal ends it.
+func (e *Engine) startSessionMonitor(ctx context.Context, c *ctr) (*sessionMonitor, error) {
 	ctx, cancel := context.WithTimeout(ctx, sessionsTimeout)
 	defer cancel()
 	ex, err := e.cli.ContainerExecCreate(ctx, c.dockerID, container.ExecOptions{
 		User:         "0:0",
 		Cmd:          []string{AgentPath, "agent", agent.SessionsCommand},
+		AttachStdin:  true,
 		AttachStdout: true,
 		AttachStderr: true,
 	})
@@ -133,31 +145,55 @@ func (e *Engine) sandboxSessions(ctx context.Context, c *ctr) (map[int]bool, err
 	if err != nil {
 		return nil, err
 	}
-	defer att.Close()
-	if dl, ok := ctx.Deadline(); ok {
-		_ = att.Conn.SetDeadline(dl)
-	}
-	var stdout, stderr bytes.Buffer
-	if _, err := stdcopy.StdCopy(&stdout, &stderr, io.LimitReader(att.Reader, 1<<20)); err != nil {
+	pr, pw := io.Pipe()
+	go func() {
+		_, err := stdcopy.StdCopy(pw, io.Discard, att.Reader)
+		pw.CloseWithError(cmp.Or(err, io.EOF))
+	}()
+	return &sessionMonitor{conn: att.Conn, out: bufio.NewReader(pr)}, nil
+}
+
+// sessions asks the monitor once.
+func (m *sessionMonitor) sessions() (map[int]bool, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	// The deadline also ends a hung answer: the stream reader then fails,
+	// and so does every later question.
+	if err := m.conn.SetDeadline(time.Now().Add(sessionsTimeout)); err != nil {
 		return nil, err
 	}
-	ins, err := e.cli.ContainerExecInspect(ctx, ex.ID)
+	if _, err := m.conn.Write([]byte("\n")); err != nil {
+		return nil, err
+	}
+	line, err := m.out.ReadBytes('\n')
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("session monitor: %w", err)
 	}
-	if ins.Running || ins.ExitCode != 0 {
-		return nil, fmt.Errorf("session listing exited %d: %.200s", ins.ExitCode, stderr.String())
-	}
+	_ = m.conn.SetDeadline(time.Time{})
 	var ids []int
-	if err := json.Unmarshal(stdout.Bytes(), &ids); err != nil {
-		return nil, fmt.Errorf("session listing: %w", err)
+	if err := json.Unmarshal(line, &ids); err != nil {
+		return nil, fmt.Errorf("session monitor: %w", err)
 	}
 	if len(ids) == 0 {
-		return nil, errors.New("session listing is empty")
+		return nil, errors.New("session monitor: no sessions listed")
 	}
 	out := make(map[int]bool, len(ids))
 	for _, id := range ids {
 		out[id] = true
 	}
 	return out, nil
+}
+
+func (m *sessionMonitor) close() {
+	if m != nil {
+		_ = m.conn.Close()
+	}
+}
+
+// sandboxSessions asks c's monitor; a container without one cannot tell.
+func (e *Engine) sandboxSessions(c *ctr) (map[int]bool, error) {
+	if c.monitor == nil {
+		return nil, errors.New("no session monitor")
+	}
+	return c.monitor.sessions()
 }

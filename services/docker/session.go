@@ -95,7 +95,7 @@ func (s *Session) Exec(ctx context.Context, req sandbox.ExecRequest) (sandbox.Ex
 	}
 	jobsLive := c.jobs.Load() > 0
 	oomBefore := e.oomKills(c)
-	sessionsBefore := e.sessionsBefore(ctx, c)
+	sessionsBefore := e.sessionsBefore(c)
 	rctx, cancel := context.WithTimeout(ctx, timeout+hardStopMargin)
 	stopWatch := s.watchQuota(rctx, w, c)
 	start := time.Now()
@@ -152,7 +152,7 @@ func (s *Session) Exec(ctx context.Context, req sandbox.ExecRequest) (sandbox.Ex
 		if res.TimedOut || res.OOMKilled {
 			e.log.Info().Str("container", shortID(c.dockerID)).Bool("timed_out", res.TimedOut).Bool("oom_killed", res.OOMKilled).Msg("sandbox_kept_for_jobs")
 		}
-	} else if res.TimedOut || res.OOMKilled || e.hasStrays(ctx, c, sessionsBefore) {
+	} else if res.TimedOut || res.OOMKilled || e.hasStrays(c, sessionsBefore) {
 		delete(s.ctrs, r.Language)
 		e.removeAsync(c)
 	}
@@ -216,16 +216,15 @@ func (e *Engine) lostToOOM(ctx context.Context, c *ctr, before int64) bool {
 }
 
 // sessionsBefore returns the sessions in c before a run. Under gVisor it
-// is the set the last check found: listing them there starts a process in
-// the sandbox, so that happens once per run, after it (and once when the
-// container starts).
-func (e *Engine) sessionsBefore(ctx context.Context, c *ctr) map[int]bool {
+// is the set the last check found (after the previous run, or when the
+// container started), which saves a round trip to the sandbox per run.
+func (e *Engine) sessionsBefore(c *ctr) map[int]bool {
 	if e.o.Runtime != RuntimeRunsc {
 		return e.sessions(c)
 	}
 	if c.sessions == nil {
 		var err error
-		if c.sessions, err = e.sandboxSessions(ctx, c); err != nil {
+		if c.sessions, err = e.sandboxSessions(c); err != nil {
 			e.log.Warn().Err(err).Str("container", shortID(c.dockerID)).Msg("sandbox_sessions_unknown")
 		}
 	}
@@ -233,16 +232,16 @@ func (e *Engine) sessionsBefore(ctx context.Context, c *ctr) map[int]bool {
 }
 
 // hasStrays reports processes left after a run, read from the host's /proc
-// (under gVisor, from the Sentry's, see sandboxSessions) rather than from
+// (under gVisor, from the Sentry's, see sessionMonitor) rather than from
 // the (untrusted) agent. Every run starts in a session of its own, while
 // the container's infrastructure (init, agent, zygote and its idle spare)
 // lives in sessions that existed before the run; so any process in a
 // session absent from before is something the run left.
-func (e *Engine) hasStrays(ctx context.Context, c *ctr, before map[int]bool) bool {
+func (e *Engine) hasStrays(c *ctr, before map[int]bool) bool {
 	var after map[int]bool
 	if e.o.Runtime == RuntimeRunsc {
 		var err error
-		after, err = e.sandboxSessions(context.WithoutCancel(ctx), c)
+		after, err = e.sandboxSessions(c)
 		if err != nil || before == nil {
 			// The host cannot look for itself: not knowing retires the
 			// container.
