@@ -189,11 +189,15 @@ func New(ctx context.Context, o Options) (*Engine, error) {
 		o:        o,
 		cli:      cli,
 		log:      o.Log.With().Str("component", "docker").Logger(),
-		seco:     SeccompProfileJSON(),
+		seco:     SeccompProfileJSON(o.Runtime),
 		dataLink: map[string]bool{},
 		pools:    map[string]*pool{},
 	}
 	e.ctx, e.cancel = context.WithCancel(context.WithoutCancel(ctx))
+	if err := e.checkRuntime(ctx); err != nil {
+		_ = cli.Close()
+		return nil, err
+	}
 	if _, err := e.discover(ctx); err != nil {
 		_ = cli.Close()
 		return nil, err
@@ -404,6 +408,11 @@ type ctr struct {
 	// gone is set when a job's quota watcher removed the container; the
 	// session drops it on its next use.
 	gone atomic.Bool
+	// Under gVisor: monitor lists the sandbox's sessions, and sessions is
+	// what the last stray check found (see sessionsBefore), guarded by the
+	// owning session's mu.
+	monitor  *sessionMonitor
+	sessions map[int]bool
 }
 
 func (c *ctr) socket() string { return filepath.Join(c.runDir, agent.SocketName) }
@@ -516,6 +525,7 @@ func (e *Engine) specFor(r runnerImage, id, workspaceDir, runDir, workspaceLabel
 		},
 		Mounts: mounts,
 	}
+	e.applyRuntimeLimits(hc)
 	return cfg, hc
 }
 
@@ -605,6 +615,14 @@ func (e *Engine) startContainer(ctx context.Context, r runnerImage, workspaceDir
 		}
 		cancel()
 	}
+	if e.o.Runtime == RuntimeRunsc {
+		m, err := e.startSessionMonitor(ctx, c)
+		if err != nil {
+			return fail(brokererr.Wrap(err, brokererr.Unavailable, "cannot watch the %s sandbox's processes", r.Language))
+		}
+		c.monitor = m
+		e.sessionsBefore(c) // the first stray-check snapshot, off a pooled container's first run
+	}
 	return c, nil
 }
 
@@ -612,6 +630,7 @@ func (e *Engine) startContainer(ctx context.Context, r runnerImage, workspaceDir
 // gives back its slot (even if removal failed: the orphan sweep of the next
 // start removes what is left).
 func (e *Engine) removeContainer(ctx context.Context, c *ctr) error {
+	c.monitor.close()
 	var err error
 	if c.dockerID != "" {
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), removeTimeout)

@@ -10,6 +10,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/docker/docker/api/types/container"
+
 	"github.com/sandbox-broker/sandbox-broker/services/agent"
 	"github.com/sandbox-broker/sandbox-broker/services/brokererr"
 	"github.com/sandbox-broker/sandbox-broker/services/sandbox"
@@ -94,7 +96,7 @@ func (s *Session) Exec(ctx context.Context, req sandbox.ExecRequest) (sandbox.Ex
 	}
 	jobsLive := c.jobs.Load() > 0
 	oomBefore := e.oomKills(c)
-	sessionsBefore := e.sessions(c)
+	sessionsBefore := e.sessionsBefore(c)
 	rctx, cancel := context.WithTimeout(ctx, timeout+hardStopMargin)
 	stopWatch := s.watchQuota(rctx, w, c)
 	start := time.Now()
@@ -114,9 +116,13 @@ func (s *Session) Exec(ctx context.Context, req sandbox.ExecRequest) (sandbox.Ex
 	if err != nil {
 		// The agent is gone, hung or the caller gave up: this container's
 		// state is unknown, so it goes; the next Exec starts a new one.
+		oom := !hardStop && ctx.Err() == nil && e.lostToOOM(ctx, c, oomBefore)
 		delete(s.ctrs, r.Language)
 		e.removeAsync(c)
 		switch {
+		case oom:
+			e.log.Info().Str("container", shortID(c.dockerID)).Msg("sandbox_oom_killed")
+			return sandbox.ExecResult{Duration: dur, ExitCode: 137, Signal: "SIGKILL", OOMKilled: true}, nil
 		case hardStop:
 			e.log.Warn().Str("container", shortID(c.dockerID)).Dur("timeout", timeout).Msg("sandbox missed its deadline; killed")
 			return sandbox.ExecResult{TimedOut: true, Duration: dur, ExitCode: -1, Signal: "SIGKILL"},
@@ -213,20 +219,77 @@ func (e *Engine) wasOOMKilled(ctx context.Context, c *ctr, before int64) bool {
 	return err == nil && ins.State != nil && ins.State.OOMKilled
 }
 
-// hasStrays reports processes left after a run, read from the host's /proc
-// rather than from the (untrusted) agent. Every run starts in a session of
-// its own, while the container's infrastructure (init, agent, zygote and
-// its idle spare) lives in sessions that existed before the run; so any
-// process in a session absent from before is something the run left.
-func (e *Engine) hasStrays(c *ctr, before map[int]bool) bool {
-	if before == nil {
-		return false // cannot tell (no cgroup v1 pids controller visible)
+// oomStopWait bounds the wait for a container whose agent was lost to stop.
+const oomStopWait = 5 * time.Second
+
+// lostToOOM reports whether c's agent was lost because the memory cgroup's
+// OOM killer ended the container: under gVisor it kills the Sentry, so the
+// whole sandbox goes, not just the run. The counter says so while the
+// cgroup exists; once it is gone, the container's state does when it has
+// stopped.
+func (e *Engine) lostToOOM(ctx context.Context, c *ctr, before int64) bool {
+	if before >= 0 {
+		if after := e.oomKills(c); after >= 0 {
+			return after > before
+		}
 	}
-	for sid := range e.sessions(c) {
+	wctx, cancel := context.WithTimeout(ctx, oomStopWait)
+	defer cancel()
+	okc, errc := e.cli.ContainerWait(wctx, c.dockerID, container.WaitConditionNotRunning)
+	select {
+	case <-okc:
+	case <-errc:
+	}
+	return e.wasOOMKilled(ctx, c, -1)
+}
+
+// sessionsBefore returns the sessions in c before a run. Under gVisor it
+// is the set the last check found (after the previous run, or when the
+// container started), which saves a round trip to the sandbox per run.
+func (e *Engine) sessionsBefore(c *ctr) map[int]bool {
+	if e.o.Runtime != RuntimeRunsc {
+		return e.sessions(c)
+	}
+	if c.sessions == nil {
+		var err error
+		if c.sessions, err = e.sandboxSessions(c); err != nil {
+			e.log.Warn().Err(err).Str("container", shortID(c.dockerID)).Msg("sandbox_sessions_unknown")
+		}
+	}
+	return c.sessions
+}
+
+// hasStrays reports processes left after a run, read from the host's /proc
+// (under gVisor, from the Sentry's, see sessionMonitor) rather than from
+// the (untrusted) agent. Every run starts in a session of its own, while
+// the container's infrastructure (init, agent, zygote and its idle spare)
+// lives in sessions that existed before the run; so any process in a
+// session absent from before is something the run left.
+func (e *Engine) hasStrays(c *ctr, before map[int]bool) bool {
+	var after map[int]bool
+	if e.o.Runtime == RuntimeRunsc {
+		var err error
+		after, err = e.sandboxSessions(c)
+		if err != nil || before == nil {
+			// The host cannot look for itself: not knowing retires the
+			// container.
+			e.log.Warn().Err(err).Str("container", shortID(c.dockerID)).Msg("sandbox_sessions_unknown")
+			return true
+		}
+	} else {
+		if before == nil {
+			return false // cannot tell (no cgroup v1 pids controller visible)
+		}
+		after = e.sessions(c)
+	}
+	for sid := range after {
 		if !before[sid] {
 			e.log.Info().Str("container", shortID(c.dockerID)).Int("session", sid).Int("sessions_before", len(before)).Msg("sandbox_strays_found")
 			return true
 		}
+	}
+	if e.o.Runtime == RuntimeRunsc {
+		c.sessions = after
 	}
 	return false
 }
