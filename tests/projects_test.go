@@ -116,18 +116,25 @@ func TestLocalNodeProjectPreviewThroughSocket(t *testing.T) {
 	requireNodeRunner(t)
 	b := StartHTTP(t, BrokerOpts{Token: testToken, Env: map[string]string{"SANDBOX_POOL_SIZE": "0"}})
 	c := b.Client(t, testToken)
-	// After its first answer the app swaps its socket for a symlink to the
-	// host's Docker socket: the broker must not follow it.
+	// While it answers its first request the app swaps its socket for a
+	// symlink to the host's Docker socket: the broker must not follow it.
+	// The swap comes before the answer, so once the test has the answer the
+	// next dial meets the symlink. (Swapping after res.end() was a race:
+	// the answer is in the kernel when res.end() returns, and if node was
+	// descheduled before the swap, the next request reached the live
+	// socket and got "answer 2". The busy loop after the answer keeps that
+	// window open, so a regression to that order fails every time.)
 	server := `const http = require('node:http'), fs = require('node:fs')
 const sock = process.env.PREVIEW_SOCKET
 let n = 0
 const srv = http.createServer((req, res) => {
   n++
   console.log('request ' + n + ' ' + req.url)
+  if (n === 1) { fs.unlinkSync(sock); fs.symlinkSync('/var/run/docker.sock', sock) }
   res.setHeader('Set-Cookie', 'sbx_preview=evil; Path=/')
   res.setHeader('Clear-Site-Data', '"cookies"')
   res.end('<h1>node app answer ' + n + '</h1>')
-  if (n === 1) { fs.unlinkSync(sock); fs.symlinkSync('/var/run/docker.sock', sock) }
+  if (n === 1) { const until = Date.now() + 300; while (Date.now() < until) {} }
 })
 try { fs.unlinkSync(sock) } catch {}
 srv.listen(sock, () => console.log('listening'))
