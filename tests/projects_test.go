@@ -1,9 +1,12 @@
 package tests
 
 import (
+	"context"
 	"io"
+	"net"
 	"net/http"
 	"net/http/cookiejar"
+	"net/url"
 	"os"
 	"os/exec"
 	"regexp"
@@ -23,6 +26,31 @@ func requireNodeRunner(t *testing.T) {
 		}
 		t.Skip("runner-node image missing; run `make runners`")
 	}
+}
+
+// previewClient fetches preview links like a browser: every name under
+// localhost (the default preview origins, {sandbox_id}.localhost) goes to
+// loopback, which Go's resolver does not do by itself.
+func previewClient(jar http.CookieJar) *http.Client {
+	d := &net.Dialer{Timeout: 10 * time.Second}
+	return &http.Client{Jar: jar, Timeout: 60 * time.Second, Transport: &http.Transport{
+		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			if host, port, err := net.SplitHostPort(addr); err == nil && strings.HasSuffix(host, ".localhost") {
+				addr = net.JoinHostPort("127.0.0.1", port)
+			}
+			return d.DialContext(ctx, network, addr)
+		},
+	}}
+}
+
+// previewOrigin is scheme://host:port of a preview link.
+func previewOrigin(t *testing.T, link string) string {
+	t.Helper()
+	u, err := url.Parse(link)
+	if err != nil || u.Host == "" {
+		t.Fatalf("preview link %q: %v", link, err)
+	}
+	return u.Scheme + "://" + u.Host
 }
 
 func fetch(t *testing.T, hc *http.Client, u string) (int, string, http.Header) {
@@ -50,13 +78,17 @@ func TestLocalReactProjectBuildsAndPreviews(t *testing.T) {
 		t.Fatalf("create: %+v", res.Content)
 	}
 	resultJSON(t, res, &created)
-	if created.Provider != "local" || !strings.HasPrefix(created.PreviewURL, b.URL+"/preview/"+created.SandboxID+"/?") {
+	// The preview has an origin of its own: the sandbox's name under
+	// localhost, on the preview listener, not the broker's.
+	origin := previewOrigin(t, created.PreviewURL)
+	if created.Provider != "local" || !strings.HasPrefix(origin, "http://"+created.SandboxID+".localhost:") || origin == b.URL ||
+		!strings.HasPrefix(created.PreviewURL, origin+"/preview/"+created.SandboxID+"/?") {
 		t.Fatalf("created %+v", created)
 	}
 
 	// Before a build the preview says what to do.
 	jar, _ := cookiejar.New(nil)
-	hc := &http.Client{Jar: jar, Timeout: 30 * time.Second}
+	hc := previewClient(jar)
 	if code, _, _ := fetch(t, hc, created.PreviewURL); code == http.StatusOK {
 		t.Fatal("preview served before any build")
 	}
@@ -79,17 +111,21 @@ func TestLocalReactProjectBuildsAndPreviews(t *testing.T) {
 		t.Fatalf("no script in page: %s", page)
 	}
 	// The asset is fetched with the cookie the signed link set.
-	code, js, _ := fetch(t, hc, b.URL+"/preview/"+created.SandboxID+"/"+m[1])
+	code, js, _ := fetch(t, hc, origin+"/preview/"+created.SandboxID+"/"+m[1])
 	if code != http.StatusOK || !strings.Contains(js, marker) {
 		t.Fatalf("asset %d, marker present: %v", code, strings.Contains(js, marker))
 	}
 	// Without the link or cookie, or with a tampered one: 403.
-	if code, _, _ := fetch(t, &http.Client{Timeout: 10 * time.Second}, b.URL+"/preview/"+created.SandboxID+"/"); code != http.StatusForbidden {
+	if code, _, _ := fetch(t, previewClient(nil), origin+"/preview/"+created.SandboxID+"/"); code != http.StatusForbidden {
 		t.Fatalf("no proof: %d", code)
 	}
 	tampered := strings.Replace(created.PreviewURL, "sig=", "sig=A", 1)
-	if code, _, _ := fetch(t, &http.Client{Timeout: 10 * time.Second}, tampered); code != http.StatusForbidden {
+	if code, _, _ := fetch(t, previewClient(nil), tampered); code != http.StatusForbidden {
 		t.Fatalf("tampered: %d", code)
+	}
+	// The broker's own listener serves no previews any more.
+	if code, _, _ := fetch(t, &http.Client{Timeout: 10 * time.Second}, b.URL+"/preview/"+created.SandboxID+"/?"+strings.SplitN(created.PreviewURL, "?", 2)[1]); code != http.StatusNotFound {
+		t.Fatalf("preview on the MCP listener: %d", code)
 	}
 
 	// A second principal cannot see or use the sandbox.
@@ -143,7 +179,7 @@ srv.listen(sock, () => console.log('listening'))
 	resultJSON(t, callTool(t, c, "create_sandbox_for_project", map[string]any{"project_name": "api", "template": "node",
 		"initial_files": map[string]string{"server.js": server}}), &created)
 	jar, _ := cookiejar.New(nil)
-	hc := &http.Client{Jar: jar, Timeout: 60 * time.Second}
+	hc := previewClient(jar)
 	code, page, hdr := fetch(t, hc, created.PreviewURL)
 	if code != http.StatusOK || !strings.Contains(page, "node app answer 1") {
 		t.Fatalf("preview %d: %s", code, page)
@@ -161,7 +197,7 @@ srv.listen(sock, () => console.log('listening'))
 	if hdr.Get("Clear-Site-Data") != "" {
 		t.Error("Clear-Site-Data passed through")
 	}
-	code, page, _ = fetch(t, hc, b.URL+"/preview/"+created.SandboxID+"/version")
+	code, page, _ = fetch(t, hc, previewOrigin(t, created.PreviewURL)+"/preview/"+created.SandboxID+"/version")
 	if code != http.StatusBadGateway || strings.Contains(page, "ApiVersion") {
 		t.Fatalf("after the symlink swap: %d %s", code, page)
 	}
@@ -187,26 +223,26 @@ func TestLocalStaticPreviewRefusesSymlinks(t *testing.T) {
 		t.Fatalf("build: %+v", out)
 	}
 	jar, _ := cookiejar.New(nil)
-	hc := &http.Client{Jar: jar, Timeout: 30 * time.Second}
+	hc := previewClient(jar)
 	if code, page, _ := fetch(t, hc, created.PreviewURL); code != http.StatusOK || !strings.Contains(page, "static ok") {
 		t.Fatalf("preview %d: %s", code, page)
 	}
 	for _, p := range []string{"leak.txt", "sub/etc/passwd", "../meta", "%2e%2e/%2e%2e/meta"} {
-		code, page, _ := fetch(t, hc, b.URL+"/preview/"+created.SandboxID+"/"+p)
+		code, page, _ := fetch(t, hc, previewOrigin(t, created.PreviewURL)+"/preview/"+created.SandboxID+"/"+p)
 		if code == http.StatusOK || strings.Contains(page, "root:") {
 			t.Errorf("%s: %d %q", p, code, page)
 		}
 	}
 }
 
-// TestStdioProjectWithoutPreviewLinkStillCreated: over stdio without
-// PUBLIC_BASE_URL there is no address for a preview link, but the project
-// is created all the same, so the tool must say it succeeded (and why the
-// link is missing) rather than fail after doing the work.
+// TestStdioProjectWithoutPreviewLinkStillCreated: with previews turned off
+// there is no address for a preview link, but the project is created all
+// the same, so the tool must say it succeeded (and why the link is
+// missing) rather than fail after doing the work.
 func TestStdioProjectWithoutPreviewLinkStillCreated(t *testing.T) {
 	requireNodeRunner(t)
 	root := brokerRoot(t)
-	c := StartStdio(t, root, map[string]string{"SANDBOX_POOL_SIZE": "0"})
+	c := StartStdio(t, root, map[string]string{"SANDBOX_POOL_SIZE": "0", "PREVIEW_ADDR": "off"})
 	res := callTool(t, c, "create_sandbox_for_project", map[string]any{"project_name": "offline", "template": "node",
 		"initial_files": map[string]string{"server.js": "console.log('hi')\n"}})
 	var created struct {
@@ -215,7 +251,7 @@ func TestStdioProjectWithoutPreviewLinkStillCreated(t *testing.T) {
 	}
 	resultJSON(t, res, &created)
 	if res.IsError || created.Provider != "local" || created.SandboxID == "" || created.PreviewURL != "" ||
-		!strings.Contains(created.PreviewUnavailable, "PUBLIC_BASE_URL") {
+		!strings.Contains(created.PreviewUnavailable, "PREVIEW_ADDR=off") {
 		t.Fatalf("create over stdio: %+v", created)
 	}
 	var list struct {
@@ -229,7 +265,7 @@ func TestStdioProjectWithoutPreviewLinkStillCreated(t *testing.T) {
 	}
 	// Asking for the link says what to configure, and that retrying will not help.
 	e := mustToolError(t, callTool(t, c, "get_sandbox_output", map[string]any{"sandbox_id": created.SandboxID, "output_type": "preview_url"}), "UNAVAILABLE")
-	if e.Retryable || !strings.Contains(e.Message, "PUBLIC_BASE_URL") {
+	if e.Retryable || !strings.Contains(e.Message, "PREVIEW_ADDR=off") {
 		t.Fatalf("preview_url over stdio: %+v", e)
 	}
 	c.Close()
