@@ -97,14 +97,17 @@ type isolation struct {
 	Origin, Cookie, Health, MCP, Other string
 }
 
-// isolationProbe runs in a preview page: its origin, its cookies, and
-// whether it can read the broker's /healthz, call /mcp, or read another
-// sandbox's preview (with that preview's own signed link).
+// isolationProbe runs in a preview page: its origin; the cookies its
+// script sees after trying to set one for all of localhost (which the
+// broker and every other preview would receive); and whether it can read
+// the broker's /healthz, call /mcp, or read another sandbox's preview
+// (with that preview's own signed link).
 const isolationProbe = `(async () => {
   const attempt = async (url, init) => {
     try { const r = await fetch(url, init); return 'read ' + r.status + ' ' + (await r.text()).slice(0, 40) }
     catch (e) { return 'blocked' }
   };
+  document.cookie = 'tossed=1; Domain=localhost; Path=/';
   return JSON.stringify({
     origin: location.origin,
     cookie: document.cookie,
@@ -120,10 +123,11 @@ const isolationProbe = `(async () => {
 // the local provider and opens its preview in headless Chromium: the page
 // renders its <h1>, and its own JavaScript runs (the counter button
 // counts). From inside a preview, the page's script cannot read the
-// broker's origin or call /mcp, nor read another sandbox's preview
-// (issue 10, item 1: React and Vue previews were blank, their crossorigin
-// module script refused by CORS from the opaque origin the CSP sandbox
-// gave the page).
+// broker's origin or call /mcp, nor read another sandbox's preview, nor
+// read its preview cookie or set a cookie for all of localhost (issue 10,
+// item 1: React and Vue previews were blank, their crossorigin module
+// script refused by CORS from the opaque origin the CSP sandbox gave the
+// page).
 func TestStarterPreviewsRenderInChromium(t *testing.T) {
 	requireNodeRunner(t)
 	browser := newBrowser(t)
