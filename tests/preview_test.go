@@ -1,17 +1,12 @@
 package tests
 
 import (
-	"bufio"
 	"encoding/json"
-	"fmt"
-	"io"
-	"net"
 	"net/http"
 	"net/http/cookiejar"
 	"net/url"
 	"strings"
 	"testing"
-	"time"
 )
 
 // previewListenAddr is the preview listener's address, from the broker's
@@ -26,31 +21,6 @@ func previewListenAddr(t *testing.T, b *Broker) string {
 	}
 	t.Fatalf("no preview_listening in the broker's log:\n%s", b.Logs())
 	return ""
-}
-
-// rawGet sends one GET with the given Host and extra headers to addr.
-func rawGet(t *testing.T, addr, host, target string, headers ...string) *http.Response {
-	t.Helper()
-	c, err := net.DialTimeout("tcp", addr, 10*time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(60 * time.Second))
-	fmt.Fprintf(c, "GET %s HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n%s\r\n", target, host, strings.Join(append(headers, ""), "\r\n"))
-	resp, err := http.ReadResponse(bufio.NewReader(c), &http.Request{Method: http.MethodGet})
-	if err != nil {
-		t.Fatalf("GET %s (Host %s): %v", target, host, err)
-	}
-	body, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
-	resp.Body.Close()
-	resp.Body = io.NopCloser(strings.NewReader(string(body)))
-	return resp
-}
-
-func bodyOf(r *http.Response) string {
-	b, _ := io.ReadAll(r.Body)
-	return string(b)
 }
 
 // TestPreviewListenerServesOnlyPreviews: the preview listener answers only
@@ -78,8 +48,8 @@ func TestPreviewListenerServesOnlyPreviews(t *testing.T) {
 	}
 	target := link.RequestURI()
 
-	ok := rawGet(t, addr, host, target)
-	if ok.StatusCode != http.StatusOK || !strings.Contains(bodyOf(ok), "Hello from Node.js") {
+	ok, page := rawRequestTo(t, addr, host, http.MethodGet, target)
+	if ok.StatusCode != http.StatusOK || !strings.Contains(page, "Hello from Node.js") {
 		t.Fatalf("preview through its own host: %d", ok.StatusCode)
 	}
 	if csp := ok.Header.Get("Content-Security-Policy"); !strings.Contains(csp, "sandbox") || !strings.Contains(csp, "allow-same-origin") {
@@ -91,7 +61,7 @@ func TestPreviewListenerServesOnlyPreviews(t *testing.T) {
 		t.Errorf("preview cookie %+v", cookies)
 	}
 	// The cookie alone authorises the page's own requests.
-	if r := rawGet(t, addr, host, "/preview/"+id+"/other", "Cookie: sbx_preview="+cookies[0].Value); r.StatusCode != http.StatusOK {
+	if r, _ := rawRequestTo(t, addr, host, http.MethodGet, "/preview/"+id+"/other", "Cookie: sbx_preview="+cookies[0].Value); r.StatusCode != http.StatusOK {
 		t.Errorf("with the cookie: %d", r.StatusCode)
 	}
 
@@ -113,8 +83,8 @@ func TestPreviewListenerServesOnlyPreviews(t *testing.T) {
 		{"a non-canonical path", host, "/preview/" + id + "/../" + id + "/?" + link.RawQuery, nil, http.StatusForbidden},
 		{"no proof", host, "/preview/" + id + "/", nil, http.StatusForbidden},
 	} {
-		r := rawGet(t, addr, tc.host, tc.target, tc.headers...)
-		if r.StatusCode != tc.want || strings.Contains(bodyOf(r), "Hello from Node.js") {
+		r, body := rawRequestTo(t, addr, tc.host, http.MethodGet, tc.target, tc.headers...)
+		if r.StatusCode != tc.want || strings.Contains(body, "Hello from Node.js") {
 			t.Errorf("%s: %d, want %d", tc.name, r.StatusCode, tc.want)
 		}
 		if r.Header.Get("Content-Security-Policy") == "" {
@@ -125,7 +95,7 @@ func TestPreviewListenerServesOnlyPreviews(t *testing.T) {
 	// The broker refuses a preview's Origin, listed or not.
 	u, _ := url.Parse(b.URL)
 	for _, origin := range []string{proxied, "http://" + host} {
-		r := rawGet(t, u.Host, u.Host, "/healthz", "Origin: "+origin)
+		r, _ := rawRequestTo(t, u.Host, u.Host, http.MethodGet, "/healthz", "Origin: "+origin)
 		if r.StatusCode != http.StatusForbidden {
 			t.Errorf("MCP listener, Origin %s: %d", origin, r.StatusCode)
 		}
