@@ -133,6 +133,11 @@ func (b *Broker) ListenPreviews() (serve func(context.Context) error, err error)
 		return nil, fmt.Errorf("PREVIEW_BASE_URL: %w", err)
 	}
 	b.log.Info().Str("addr", ln.Addr().String()).Str("base_url", base).Msg("preview_listening")
+	if ip := ln.Addr().(*net.TCPAddr).IP; b.cfg.PreviewBaseURL == "" && !ip.IsLoopback() {
+		// Fine behind a port published on the host's loopback (Compose);
+		// browsers on other machines need PREVIEW_BASE_URL.
+		b.log.Warn().Msg("preview_links_point_at_localhost")
+	}
 	// A quarter of the MCP listener's connections: previews are a side show.
 	maxConns := max(16, b.maxConns()/4)
 	limits := connguard.Limits{MaxConns: maxConns, MaxUntrustedPerAddr: min(b.cfg.UnauthPerAddr, maxConns)}
