@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime/debug"
+	"sync"
 	"time"
 
 	"github.com/mark3labs/mcp-go/mcp"
@@ -60,6 +61,40 @@ type call struct {
 	principal string
 	params    json.RawMessage
 	audited   bool // intent row written; the Audit stage owns the outcome row
+
+	mu     sync.Mutex
+	detail map[string]any // the outcome row's params (OutcomeDetail)
+}
+
+// OutcomeDetail records what a call did beyond success or failure in its
+// outcome audit row, e.g. that the work it started continues as an
+// execution: key → value, which must hold no secret. Outside the chain it
+// does nothing.
+func OutcomeDetail(ctx context.Context, key string, value any) {
+	c, ok := ctx.Value(callKey{}).(*call)
+	if !ok {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.detail == nil {
+		c.detail = map[string]any{}
+	}
+	c.detail[key] = value
+}
+
+// outcomeParams is the outcome row's params: the recorded details, or {}.
+func (c *call) outcomeParams() json.RawMessage {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.detail) == 0 {
+		return json.RawMessage(`{}`)
+	}
+	b, err := json.Marshal(c.detail)
+	if err != nil {
+		return json.RawMessage(`{}`)
+	}
+	return b
 }
 
 type callKey struct{}
@@ -333,7 +368,7 @@ func (d Deps) audit(next server.ToolHandlerFunc) server.ToolHandlerFunc {
 		c.audited = true
 		res, err = d.runHandler(ctx, next, req)
 		out := audit.Record{CallID: c.id, Phase: audit.PhaseOutcome, Principal: c.principal, Tool: c.tool,
-			Params: json.RawMessage(`{}`), Outcome: classify(res, err, true), ErrorCode: string(brokererr.CodeOf(err)),
+			Params: c.outcomeParams(), Outcome: classify(res, err, true), ErrorCode: string(brokererr.CodeOf(err)),
 			DurationMS: d.Now().Sub(c.start).Milliseconds()}
 		// The outcome row uses a context that outlives a cancelled call.
 		actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)

@@ -714,3 +714,41 @@ func TestChainConcurrentCalls(t *testing.T) {
 		t.Fatalf("got %d rows, want 12", len(rows))
 	}
 }
+
+// TestOutcomeDetailInOutcomeRow: what a handler records with OutcomeDetail
+// lands in its call's outcome row only (the intent row was written
+// before), and a call that records nothing keeps {}.
+func TestOutcomeDetailInOutcomeRow(t *testing.T) {
+	hx := newHarness(t, harnessOpts{})
+	hx.body = func(ctx context.Context, a *chainArgs) (*mcp.CallToolResult, error) {
+		if a.Mode == "read" {
+			return mcp.NewToolResultText("done"), nil
+		}
+		OutcomeDetail(ctx, "build", "continuing as execution exec_1")
+		OutcomeDetail(ctx, "execution_id", "exec_1")
+		return mcp.NewToolResultText("started"), nil
+	}
+	OutcomeDetail(context.Background(), "ignored", true) // outside the chain: no effect, no panic
+	for _, mode := range []string{"write", "read"} {
+		if res := hx.call(alice(), `{"path":"a.txt","mode":"`+mode+`"}`); res.IsError {
+			t.Fatalf("%s: %#v", mode, res.StructuredContent)
+		}
+	}
+	rows := hx.rows()
+	if len(rows) != 4 {
+		t.Fatalf("got %d rows", len(rows))
+	}
+	var detail map[string]any
+	if err := json.Unmarshal(rows[1].Params, &detail); err != nil {
+		t.Fatal(err)
+	}
+	if rows[1].Phase != audit.PhaseOutcome || len(detail) != 2 || detail["build"] != "continuing as execution exec_1" || detail["execution_id"] != "exec_1" {
+		t.Errorf("outcome params %s", rows[1].Params)
+	}
+	if strings.Contains(string(rows[0].Params), "exec_1") {
+		t.Errorf("intent params %s", rows[0].Params)
+	}
+	if string(rows[3].Params) != "{}" {
+		t.Errorf("plain call's outcome params %s", rows[3].Params)
+	}
+}
