@@ -65,7 +65,7 @@ func StartJob(ctx context.Context, socketPath string, req JobRequest, sink sandb
 	defer cancel()
 	c, err := DialSocket(dctx, socketPath)
 	if err != nil {
-		return nil, fmt.Errorf("agent: dial: %w", err)
+		return nil, fmt.Errorf("%w: %w", ErrNotReached, err)
 	}
 	ok := false
 	defer func() {
