@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime/debug"
+	"syscall"
 	"time"
 
 	"github.com/mark3labs/mcp-go/mcp"
@@ -286,7 +287,7 @@ func (d Deps) rateLimit(next server.ToolHandlerFunc) server.ToolHandlerFunc {
 		p, _ := identity.FromContext(ctx)
 		dec, err := d.Limiter.AllowCall(ctx, p.ID, d.Limits(p))
 		if err != nil {
-			return nil, brokererr.Wrap(err, brokererr.Unavailable, "rate limiter unavailable; try again")
+			return nil, unavailable(err, "rate limiter unavailable; try again")
 		}
 		if !dec.Allowed {
 			d.Metrics.rateLimited.WithLabelValues(req.Params.Name).Inc()
@@ -306,7 +307,7 @@ func (d Deps) audit(next server.ToolHandlerFunc) server.ToolHandlerFunc {
 		if _, aerr := d.Audit.Append(ctx, intent); aerr != nil {
 			d.Metrics.auditFailures.Inc()
 			d.Log.Error().Str("call_id", c.id).Str("tool", c.tool).Msg("audit_intent_failed")
-			return nil, brokererr.Wrap(aerr, brokererr.Unavailable, "the audit log is unavailable, so the call was refused")
+			return nil, unavailable(aerr, "the audit log is unavailable, so the call was refused")
 		}
 		c.audited = true
 		res, err = d.runHandler(ctx, next, req)
@@ -322,6 +323,21 @@ func (d Deps) audit(next server.ToolHandlerFunc) server.ToolHandlerFunc {
 		}
 		return res, err
 	}
+}
+
+// sqliteFull is SQLite's SQLITE_FULL result code.
+const sqliteFull = 13
+
+// unavailable refuses a call because a store it must write failed. A full
+// disk is named as such: nothing runs until space is freed, and retrying
+// then succeeds.
+func unavailable(err error, msg string) error {
+	var coded interface{ Code() int }
+	if errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT) ||
+		(errors.As(err, &coded) && coded.Code()&0xff == sqliteFull) {
+		msg = "the broker's storage is full, so the call was refused"
+	}
+	return brokererr.Wrap(err, brokererr.Unavailable, "%s", msg)
 }
 
 // runHandler converts a handler panic into an internal error, so the outcome

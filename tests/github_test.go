@@ -19,6 +19,16 @@ const fineGrainedPAT = "github_pat_11ABCDEFG0123456789_abcdefghijklmnopqrstuvwxy
 // branches, base main) against a fake GitHub.
 func githubBroker(t *testing.T, token string, extra map[string]string) (*Broker, *ghfake.Fake) {
 	t.Helper()
+	env, fake := githubEnv(t, token)
+	for k, v := range extra {
+		env[k] = v
+	}
+	return StartHTTP(t, BrokerOpts{Token: testToken, Env: env}), fake
+}
+
+// githubEnv is githubBroker's fake GitHub and broker environment.
+func githubEnv(t *testing.T, token string) (map[string]string, *ghfake.Fake) {
+	t.Helper()
 	fake := ghfake.New()
 	t.Cleanup(fake.Close)
 	fake.AddRepo("acme", "site")
@@ -31,10 +41,7 @@ func githubBroker(t *testing.T, token string, extra map[string]string) (*Broker,
 		t.Fatal(err)
 	}
 	env := map[string]string{"GITHUB_REPOS_FILE": file, "GITHUB_API_URL": fake.URL(), "SITE_GITHUB_TOKEN": token, "SANDBOX_BACKEND": "none"}
-	for k, v := range extra {
-		env[k] = v
-	}
-	return StartHTTP(t, BrokerOpts{Token: testToken, Env: env}), fake
+	return env, fake
 }
 
 func TestGitHubCommitThreeFilesOneCommitOnePR(t *testing.T) {
