@@ -138,7 +138,7 @@ func (d Deps) observe(next server.ToolHandlerFunc) server.ToolHandlerFunc {
 		c := &call{id: newCallID(), tool: req.Params.Name, start: d.Now(), params: json.RawMessage(`{}`)}
 		ctx = context.WithValue(ctx, callKey{}, c)
 		res, err := next(ctx, req)
-		dur := d.Now().Sub(c.start)
+		dur := d.since(c.start)
 		outcome := classify(res, err, c.audited)
 		code := brokererr.CodeOf(err)
 		if !c.audited {
@@ -158,6 +158,13 @@ func (d Deps) observe(next server.ToolHandlerFunc) server.ToolHandlerFunc {
 		ev.Msg("tool_call")
 		return res, err
 	}
+}
+
+// since is the time from start, never negative: with an injected clock
+// that steps back, a negative duration would cost the call its outcome row.
+// (time.Now's monotonic reading never steps back.)
+func (d Deps) since(start time.Time) time.Duration {
+	return max(0, d.Now().Sub(start))
 }
 
 // internalCause is the server-side reason behind an error, for the log only.
@@ -313,7 +320,7 @@ func (d Deps) audit(next server.ToolHandlerFunc) server.ToolHandlerFunc {
 		res, err = d.runHandler(ctx, next, req)
 		out := audit.Record{CallID: c.id, Phase: audit.PhaseOutcome, Principal: c.principal, Tool: c.tool,
 			Params: json.RawMessage(`{}`), Outcome: classify(res, err, true), ErrorCode: string(brokererr.CodeOf(err)),
-			DurationMS: d.Now().Sub(c.start).Milliseconds()}
+			DurationMS: d.since(c.start).Milliseconds()}
 		// The outcome row uses a context that outlives a cancelled call.
 		actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 		defer cancel()
