@@ -344,8 +344,6 @@ func TestHardStop(t *testing.T) {
 	})
 }
 
-// TestAgentDeadUnavailable: a dead agent gives UNAVAILABLE, and the next
-// Exec recreates the container.
 func TestUnknownLanguage(t *testing.T) {
 	e := newEngine(t, nil)
 	s, err := e.Open(context.Background(), newRef(e))

@@ -133,8 +133,7 @@ func (s *Session) execLocked(ctx context.Context, r runnerImage, req sandbox.Exe
 	if err != nil {
 		// The agent is gone, hung or the caller gave up: this container's
 		// state is unknown, so it goes; the next Exec starts a new one.
-		delete(s.ctrs, r.Language)
-		e.removeAsync(c)
+		s.dropLocked(c)
 		switch {
 		case hardStop:
 			e.log.Warn().Str("container", shortID(c.dockerID)).Dur("timeout", timeout).Msg("sandbox missed its deadline; killed")

@@ -9,9 +9,12 @@ import (
 	"github.com/docker/docker/api/types/filters"
 )
 
-// maxWatchBackoff bounds the wait between attempts to follow the daemon's
-// events again, so a restarted daemon is noticed within a few seconds.
-const maxWatchBackoff = 5 * time.Second
+// The watcher's wait between attempts to follow the daemon's events
+// again: a restarted daemon is noticed within a few seconds.
+const (
+	minWatchBackoff = 100 * time.Millisecond
+	maxWatchBackoff = 5 * time.Second
+)
 
 // track registers a started container so the watcher can tell when it
 // dies; removeContainer forgets it.
@@ -35,49 +38,57 @@ func (e *Engine) untrack(c *ctr) {
 // session starts a new one on its next call, and removed; a pooled one is
 // replaced. When the event stream breaks (the daemon went away), the
 // watcher subscribes again with a backoff and then compares every tracked
-// container with what the daemon says is running, which catches the deaths
-// it could not hear about.
+// container with what the daemon has, which catches the deaths it could
+// not hear about.
 func (e *Engine) watch() {
 	defer e.bg.Done()
-	ctx := e.ctx
-	f := filters.NewArgs(
-		filters.Arg("type", string(events.ContainerEventType)),
-		filters.Arg("label", LabelInstance+"="+e.o.InstanceID),
-		filters.Arg("event", string(events.ActionDie)),
-		filters.Arg("event", string(events.ActionDestroy)),
-	)
-	backoff := 100 * time.Millisecond
-	lost := false
-	for ctx.Err() == nil {
-		msgs, errs := e.cli.Events(ctx, events.ListOptions{Filters: f})
-		subscribed := true
-		if err := e.reconcile(ctx); err != nil {
-			subscribed = false // the daemon is not answering yet
-		} else if lost {
-			lost = false
-			e.log.Info().Msg("docker_events_resumed")
-		}
-		for subscribed {
-			select {
-			case m := <-msgs:
-				backoff = 100 * time.Millisecond
-				e.markDead(m.Actor.ID)
-			case err := <-errs:
-				if ctx.Err() != nil {
-					return
-				}
-				if !lost {
-					e.log.Warn().Err(err).Msg("docker_events_lost")
-				}
-				lost, subscribed = true, false
+	backoff, lost := minWatchBackoff, false
+	for e.ctx.Err() == nil {
+		err := e.follow(e.ctx, func() {
+			backoff = minWatchBackoff
+			if lost {
+				lost = false
+				e.log.Info().Msg("docker_events_resumed")
 			}
+		})
+		if e.ctx.Err() != nil {
+			return
+		}
+		if !lost {
+			lost = true
+			e.log.Warn().Err(err).Msg("docker_events_lost")
 		}
 		select {
-		case <-ctx.Done():
+		case <-e.ctx.Done():
 			return
 		case <-time.After(backoff):
 		}
 		backoff = min(backoff*2, maxWatchBackoff)
+	}
+}
+
+// follow subscribes to the daemon's events, reconciles (then calls
+// onSync), and handles events until the stream or the reconcile fails.
+func (e *Engine) follow(ctx context.Context, onSync func()) error {
+	ctx, cancel := context.WithCancel(ctx) // ends the subscription
+	defer cancel()
+	msgs, errs := e.cli.Events(ctx, events.ListOptions{Filters: filters.NewArgs(
+		filters.Arg("type", string(events.ContainerEventType)),
+		filters.Arg("label", LabelInstance+"="+e.o.InstanceID),
+		filters.Arg("event", string(events.ActionDie)),
+		filters.Arg("event", string(events.ActionDestroy)),
+	)})
+	if err := e.reconcile(ctx); err != nil {
+		return err
+	}
+	onSync()
+	for {
+		select {
+		case m := <-msgs:
+			e.markDead(m.Actor.ID)
+		case err := <-errs:
+			return err
+		}
 	}
 }
 
