@@ -340,8 +340,8 @@ func (m *Manager) Reap(ctx context.Context) {
 		m.releaseIdle(ctx, wid, now)
 	}
 	// A creation time after now means the wall clock was stepped back:
-	// such a session's age counts from now, so the step can neither
-	// expire it early nor keep it past MaxAge for as long as the step.
+	// such a session's age counts from now, so it lives at most MaxAge
+	// past the step, not MaxAge plus the step.
 	if _, err := m.db.ExecContext(ctx, `UPDATE sessions SET created_at = ?1 WHERE created_at > ?1`, now.Unix()); err != nil {
 		m.o.Log.Warn().Msg("session_clock_fix_failed")
 	}
