@@ -25,6 +25,17 @@ func githubBroker(t *testing.T, token string, extra map[string]string) (*Broker,
 // githubBrokerWith is githubBroker with prep run on the fake first.
 func githubBrokerWith(t *testing.T, token string, extra map[string]string, prep func(*ghfake.Fake)) (*Broker, *ghfake.Fake) {
 	t.Helper()
+	env, fake := githubEnv(t, token, prep)
+	for k, v := range extra {
+		env[k] = v
+	}
+	return StartHTTP(t, BrokerOpts{Token: testToken, Env: env}), fake
+}
+
+// githubEnv is githubBroker's fake GitHub (prep, if set, run on it first)
+// and broker environment.
+func githubEnv(t *testing.T, token string, prep func(*ghfake.Fake)) (map[string]string, *ghfake.Fake) {
+	t.Helper()
 	fake := ghfake.New()
 	t.Cleanup(fake.Close)
 	fake.AddRepo("acme", "site")
@@ -40,10 +51,7 @@ func githubBrokerWith(t *testing.T, token string, extra map[string]string, prep 
 		t.Fatal(err)
 	}
 	env := map[string]string{"GITHUB_REPOS_FILE": file, "GITHUB_API_URL": fake.URL(), "SITE_GITHUB_TOKEN": token, "SANDBOX_BACKEND": "none"}
-	for k, v := range extra {
-		env[k] = v
-	}
-	return StartHTTP(t, BrokerOpts{Token: testToken, Env: env}), fake
+	return env, fake
 }
 
 func TestGitHubCommitThreeFilesOneCommitOnePR(t *testing.T) {

@@ -152,7 +152,7 @@ func New(ctx context.Context, cfg config.Config, opts Options) (b *Broker, err e
 		return nil, fmt.Errorf("open state store: %w", err)
 	}
 	b.metrics = middleware.NewMetrics()
-	b.checks = []check{{"audit_log", b.audit.Ping}, {"state_store", b.quota.Ping}}
+	b.checks = []check{{"audit_log", b.audit.Ping}, {"state_store", b.quota.Ping}, {"storage", storageCheck(cfg.Root)}}
 	if err := b.openOAuth(ctx, cfg); err != nil {
 		return nil, fmt.Errorf("oauth: %w", err)
 	}

@@ -73,6 +73,26 @@ func (s *Session) Exec(ctx context.Context, req sandbox.ExecRequest) (sandbox.Ex
 	if s.destroyed {
 		return sandbox.ExecResult{}, brokererr.New(brokererr.SandboxNotFound, "the sandbox was destroyed")
 	}
+	for attempt := 0; ; attempt++ {
+		res, err := s.execLocked(ctx, r, req)
+		if retryOnNewContainer(ctx, attempt, err) {
+			continue
+		}
+		return res, err
+	}
+}
+
+// retryOnNewContainer says a call whose agent could not be reached goes
+// once more to a new container: nothing ran, and the old container is
+// dead (a restarted Docker daemon kills them all) and already dropped.
+func retryOnNewContainer(ctx context.Context, attempt int, err error) bool {
+	return attempt == 0 && ctx.Err() == nil && errors.Is(err, agent.ErrNotReached)
+}
+
+// execLocked runs req once in the session's container for r. Caller holds
+// s.mu.
+func (s *Session) execLocked(ctx context.Context, r runnerImage, req sandbox.ExecRequest) (sandbox.ExecResult, error) {
+	e := s.e
 	c, err := s.containerLocked(ctx, r)
 	if err != nil {
 		return sandbox.ExecResult{}, err
@@ -117,8 +137,7 @@ func (s *Session) Exec(ctx context.Context, req sandbox.ExecRequest) (sandbox.Ex
 		// The agent is gone, hung or the caller gave up: this container's
 		// state is unknown, so it goes; the next Exec starts a new one.
 		oom := !hardStop && ctx.Err() == nil && e.lostToOOM(ctx, c, oomBefore)
-		delete(s.ctrs, r.Language)
-		e.removeAsync(c)
+		s.dropLocked(c)
 		switch {
 		case oom:
 			e.log.Info().Str("container", shortID(c.dockerID)).Msg("sandbox_oom_killed")
@@ -205,6 +224,15 @@ func (s *Session) uidLocked(ctx context.Context) (int, error) {
 		s.uid = uid
 	}
 	return s.uid, nil
+}
+
+// dropLocked forgets c, whose agent is gone, and removes it in the
+// background. Caller holds s.mu.
+func (s *Session) dropLocked(c *ctr) {
+	if s.ctrs[c.lang] == c {
+		delete(s.ctrs, c.lang)
+	}
+	s.e.removeAsync(c)
 }
 
 // wasOOMKilled compares the cgroup v1 oom_kill counter with its value before
