@@ -42,7 +42,7 @@ const (
 
 func (j *Jobs) ready() error {
 	if j == nil || j.Jobs == nil {
-		return brokererr.New(brokererr.Unavailable, "no sandbox backend is available on this broker")
+		return brokererr.New(brokererr.NotConfigured, "no sandbox backend is available on this broker")
 	}
 	return j.Engine.ready()
 }
@@ -175,7 +175,7 @@ func (j *Jobs) start(ctx context.Context, p identity.Principal, a *ExecuteCodeAr
 	defer lease.Release()
 	runner, ok := lease.Session.(sandbox.JobRunner)
 	if !ok {
-		return "", "", brokererr.New(brokererr.Unavailable, "this sandbox backend cannot run executions")
+		return "", "", brokererr.New(brokererr.NotConfigured, "this sandbox backend cannot run executions")
 	}
 	spec := sandbox.JobSpec{Command: a.Command, WorkDir: wd, Env: a.Environment, Timeout: timeout, Interactive: a.Interactive}
 	if policy.Mode != egress.ModeNone && j.Egress != nil {

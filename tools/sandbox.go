@@ -57,7 +57,7 @@ const (
 
 func (e *Engine) ready() error {
 	if e == nil || e.Sessions == nil {
-		return brokererr.New(brokererr.Unavailable, "no sandbox backend is available on this broker")
+		return brokererr.New(brokererr.NotConfigured, "no sandbox backend is available on this broker")
 	}
 	return nil
 }

@@ -161,6 +161,7 @@ func New(ctx context.Context, cfg config.Config, opts Options) (b *Broker, err e
 		Jobs: &tools.Jobs{Engine: eng, Jobs: b.jobs, Egress: b.egressFor}, Projects: &tools.Projects{Manager: b.projects},
 		GitHub: gh, SessionFiles: sf}
 	group := tools.DefaultGroup(deps)
+	b.markUnconfigured(group, cfg)
 	if b.tools, err = group.Enable(cfg.Toolsets, cfg.ReadOnly); err != nil {
 		return nil, err
 	}

@@ -54,7 +54,7 @@ func (b *Broker) openSigner(cfg config.Config) ([]string, error) {
 
 // openEngine starts the sandbox backend, the session and job stores and
 // the project provider. A missing backend is not fatal: the broker serves
-// its other tools, sandbox tools answer UNAVAILABLE, and /readyz reports
+// its other tools, the sandbox tools are not listed, and /readyz reports
 // the backend as failing.
 func (b *Broker) openEngine(ctx context.Context, cfg config.Config) error {
 	if cfg.Backend == "none" { // hosted project sandboxes still work
@@ -255,8 +255,8 @@ func instanceID() string {
 }
 
 // openProjects picks the project provider: CodeSandbox with CSB_API_KEY,
-// else the local Docker engine; with neither, the project tools answer
-// UNAVAILABLE.
+// else the local Docker engine; with neither, the project tools are not
+// listed.
 func (b *Broker) openProjects(ctx context.Context, cfg config.Config, agentBin string, dockerOK bool) error {
 	var p projects.Provider
 	var err error

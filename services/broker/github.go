@@ -67,7 +67,7 @@ func (b *Broker) openGitHub(ctx context.Context, cfg config.Config, repos []gith
 }
 
 // githubDeps returns the GitHub tools' dependencies (nil interfaces when
-// no allow-list is configured, so the tools answer UNAVAILABLE).
+// no allow-list is configured; the tools are then not listed).
 func (b *Broker) githubDeps() (tools.GitHubCommitter, tools.SessionFiles) {
 	var sf tools.SessionFiles
 	if b.sandboxes != nil {
