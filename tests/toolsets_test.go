@@ -2,6 +2,7 @@ package tests
 
 import (
 	"context"
+	"encoding/json"
 	"os/exec"
 	"sort"
 	"strings"
@@ -57,5 +58,43 @@ func TestUnconfiguredToolsetsAreNotListed(t *testing.T) {
 		if err == nil || !strings.Contains(string(out), "toolset") || !strings.Contains(string(out), tc.want) {
 			t.Errorf("--toolsets %s: %v\n%s", tc.toolsets, err, out)
 		}
+	}
+}
+
+// SANDBOX_MAX_TIMEOUT reaches the published schema and the validator alike.
+func TestConfiguredTimeoutBoundIsPublished(t *testing.T) {
+	requireBwrap(t)
+	b := StartHTTP(t, BrokerOpts{Token: testToken, Env: map[string]string{"SANDBOX_BACKEND": "process", "SANDBOX_MAX_TIMEOUT": "120"}})
+	c := b.Client(t, testToken)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	list, err := c.ListTools(ctx, mcp.ListToolsRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	bounds := map[string]string{"run_code": "timeout_s", "execute_code": "timeout_seconds", "execute_code_async": "timeout_seconds"}
+	for _, tl := range list.Tools {
+		field, ok := bounds[tl.Name]
+		if !ok {
+			continue
+		}
+		delete(bounds, tl.Name)
+		var s struct {
+			Properties map[string]map[string]any `json:"properties"`
+		}
+		raw, _ := json.Marshal(tl.InputSchema)
+		if err := json.Unmarshal(raw, &s); err != nil {
+			t.Fatal(err)
+		}
+		if s.Properties[field]["maximum"] != float64(120) {
+			t.Errorf("%s.%s: maximum %v, want 120", tl.Name, field, s.Properties[field]["maximum"])
+		}
+	}
+	if len(bounds) > 0 {
+		t.Fatalf("tools not listed: %v", bounds)
+	}
+	e := mustToolError(t, callTool(t, c, "execute_code", map[string]any{"command": "true", "timeout_seconds": 121}), "INVALID_INPUT")
+	if !strings.Contains(e.Message, "timeout_seconds") || !strings.Contains(e.Message, "at most 120") || e.Retryable {
+		t.Fatalf("timeout past the bound: %+v", e)
 	}
 }

@@ -74,16 +74,22 @@ type SandboxConfig struct {
 	Network *NetworkArg `json:"network,omitempty" desc:"Egress: \"none\" (default), \"public\" (any public address), or {\"allowed_domains\": [\"api.example.com\", \"*.example.org\"], \"denied_domains\": [...]}. Private, loopback, link-local and metadata addresses are always refused."`
 }
 
-// ExecuteCodeArgs are execute_code's and execute_code_async's arguments.
+// ExecuteCodeAsyncArgs are execute_code_async's arguments. The
+// timeout's upper bound is SANDBOX_MAX_TIMEOUT, added by timeoutRule.
+type ExecuteCodeAsyncArgs struct {
+	Command          string            `json:"command" validate:"required,max=65536,clean" desc:"Shell command, run with bash -c in the session's sandbox."`
+	SessionID        string            `json:"session_id,omitempty" validate:"omitempty,session_id" audit:"clear" desc:"Session to use; omit to start a new one."`
+	TimeoutSeconds   int               `json:"timeout_seconds,omitempty" validate:"omitempty,min=1" desc:"Wall-clock limit; the whole process tree is killed when it passes (default 60)."`
+	Interactive      bool              `json:"interactive,omitempty" desc:"Keep stdin open for send_stdin."`
+	WorkingDirectory string            `json:"working_directory,omitempty" validate:"omitempty,max=1024,clean" audit:"clear" desc:"Directory relative to the workspace (/mnt/data); it must stay inside it."`
+	Environment      map[string]string `json:"environment,omitempty" validate:"omitempty,max=64,dive,max=8192,clean" desc:"Extra environment variables (names [A-Za-z_][A-Za-z0-9_]*; loader, shell-startup and proxy variables are refused)."`
+	SandboxConfig    *SandboxConfig    `json:"sandbox_config,omitempty" audit:"clear" desc:"Per-execution sandbox settings."`
+}
+
+// ExecuteCodeArgs are execute_code's arguments.
 type ExecuteCodeArgs struct {
-	Command           string            `json:"command" validate:"required,max=65536,clean" desc:"Shell command, run with bash -c in the session's sandbox."`
-	SessionID         string            `json:"session_id,omitempty" validate:"omitempty,session_id" audit:"clear" desc:"Session to use; omit to start a new one."`
-	TimeoutSeconds    int               `json:"timeout_seconds,omitempty" validate:"omitempty,min=1,max=3600" desc:"Wall-clock limit; the whole process tree is killed when it passes (default 60)."`
-	Interactive       bool              `json:"interactive,omitempty" desc:"Keep stdin open for send_stdin."`
-	WorkingDirectory  string            `json:"working_directory,omitempty" validate:"omitempty,max=1024,clean" audit:"clear" desc:"Directory relative to the workspace (/mnt/data); it must stay inside it."`
-	Environment       map[string]string `json:"environment,omitempty" validate:"omitempty,max=64,dive,max=8192,clean" desc:"Extra environment variables (names [A-Za-z_][A-Za-z0-9_]*; loader, shell-startup and proxy variables are refused)."`
-	SandboxConfig     *SandboxConfig    `json:"sandbox_config,omitempty" audit:"clear" desc:"Per-execution sandbox settings."`
-	WaitForCompletion *bool             `json:"wait_for_completion,omitempty" desc:"Wait (up to 50 s) for the command to finish (default true for execute_code). If it is still running, poll with get_execution_output."`
+	ExecuteCodeAsyncArgs
+	WaitForCompletion *bool `json:"wait_for_completion,omitempty" desc:"Wait (up to 50 s) for the command to finish (default true). If it is still running, poll with get_execution_output."`
 }
 
 var envName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,127}$`)
@@ -136,7 +142,7 @@ type ExecutionResult struct {
 }
 
 // start validates and starts a job.
-func (j *Jobs) start(ctx context.Context, p identity.Principal, a *ExecuteCodeArgs) (execID, sessID string, err error) {
+func (j *Jobs) start(ctx context.Context, p identity.Principal, a *ExecuteCodeAsyncArgs) (execID, sessID string, err error) {
 	if err := j.ready(); err != nil {
 		return "", "", err
 	}
@@ -151,11 +157,8 @@ func (j *Jobs) start(ctx context.Context, p identity.Principal, a *ExecuteCodeAr
 		return "", "", err
 	}
 	timeout := e.DefaultTimeout
-	if a.TimeoutSeconds > 0 {
+	if a.TimeoutSeconds > 0 { // at most SANDBOX_MAX_TIMEOUT: timeoutRule
 		timeout = time.Duration(a.TimeoutSeconds) * time.Second
-	}
-	if e.MaxTimeout > 0 && timeout > e.MaxTimeout {
-		return "", "", brokererr.New(brokererr.InvalidInput, "timeout_seconds may be at most %d", int(e.MaxTimeout/time.Second))
 	}
 	policy := egress.Policy{Mode: egress.ModeNone}
 	if a.SandboxConfig != nil && a.SandboxConfig.Network != nil {
@@ -279,7 +282,7 @@ func (j *Jobs) ExecuteCode() ServerTool {
 		"Run a shell command in your session's sandbox as a tracked execution. Waits up to 50 s for it to finish and returns its output events; longer commands keep running and are read with get_execution_output. No network unless sandbox_config.network allows it.",
 		256<<10, writeAnnotations("Execute command", false, false),
 		func(ctx context.Context, p identity.Principal, a *ExecuteCodeArgs) (*mcp.CallToolResult, error) {
-			id, sess, err := j.start(ctx, p, a)
+			id, sess, err := j.start(ctx, p, &a.ExecuteCodeAsyncArgs)
 			if err != nil {
 				return nil, err
 			}
@@ -301,7 +304,7 @@ func (j *Jobs) ExecuteCode() ServerTool {
 			}
 			res.SessionID = sess
 			return jsonResult(withHint(res))
-		})
+		}).withRules(timeoutRule("timeout_seconds", j.Engine))
 }
 
 // ExecuteCodeAsync starts a job and returns at once.
@@ -309,13 +312,13 @@ func (j *Jobs) ExecuteCodeAsync() ServerTool {
 	return newTool("execute_code_async",
 		"Start a shell command in your session's sandbox and return at once with its execution_id; read output with get_execution_output, feed input with send_stdin, stop it with cancel_execution.",
 		256<<10, writeAnnotations("Start command", false, false),
-		func(ctx context.Context, p identity.Principal, a *ExecuteCodeArgs) (*mcp.CallToolResult, error) {
+		func(ctx context.Context, p identity.Principal, a *ExecuteCodeAsyncArgs) (*mcp.CallToolResult, error) {
 			id, sess, err := j.start(ctx, p, a)
 			if err != nil {
 				return nil, err
 			}
 			return jsonResult(map[string]any{"execution_id": id, "session_id": sess, "status": jobs.StatusRunning})
-		})
+		}).withRules(timeoutRule("timeout_seconds", j.Engine))
 }
 
 // ExecutionIDArgs name one execution.

@@ -68,6 +68,14 @@ func newTool[A any](name, description string, maxArgBytes int, ann mcp.ToolAnnot
 	return ServerTool{Tool: def, Handler: handler, Args: spec}
 }
 
+// withRules adds argument rules known only at start-up (configuration) to
+// the validator and the published schema.
+func (t ServerTool) withRules(rules ...middleware.Rule) ServerTool {
+	t.Args = t.Args.WithRules(rules...)
+	t.Tool.RawInputSchema = t.Args.Schema()
+	return t
+}
+
 func boolPtr(b bool) *bool { return &b }
 
 // readAnnotations marks a tool that changes nothing.

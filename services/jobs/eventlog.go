@@ -2,9 +2,11 @@ package jobs
 
 import (
 	"bufio"
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -260,6 +262,77 @@ func (l *eventLog) read(since int64, maxEvents int, maxBytes int) (Page, error) 
 		p.Next = first - 1
 	}
 	return p, nil
+}
+
+// tailBytes is how much of a segment's end lastSeqOnDisk reads first: an
+// ended job's last event (exit, timeout, …) is a short line.
+const tailBytes = 16 << 10
+
+// lastSeqOnDisk returns the seq of the last event in the log in dir,
+// reading only the end of the newest segment unless its last line is
+// longer than tailBytes.
+func lastSeqOnDisk(dir string) (int64, error) {
+	l := &eventLog{dir: dir}
+	segs, err := l.segments()
+	if err != nil {
+		return 0, err
+	}
+	for i := len(segs) - 1; i >= 0; i-- {
+		path := filepath.Join(dir, segName(segs[i]))
+		seq, err := lastSeqInTail(path)
+		if err != nil {
+			return 0, err
+		}
+		if seq == 0 { // no whole event in the tail: read it all
+			err = scanSegment(path, func(e Event) bool {
+				seq = max(seq, e.Seq)
+				return true
+			})
+			if err != nil && !errors.Is(err, fs.ErrNotExist) {
+				return 0, err
+			}
+		}
+		if seq > 0 {
+			return seq, nil
+		}
+	}
+	return 0, nil
+}
+
+// lastSeqInTail parses the last whole event line within the file's final
+// tailBytes; 0 when there is none.
+func lastSeqInTail(path string) (int64, error) {
+	f, err := os.Open(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return 0, err
+	}
+	off := max(fi.Size()-tailBytes, 0)
+	buf := make([]byte, fi.Size()-off)
+	if _, err := f.ReadAt(buf, off); err != nil && !errors.Is(err, io.EOF) {
+		return 0, err
+	}
+	lines := bytes.Split(buf, []byte("\n"))
+	// The first piece may be cut (unless the tail is the whole file); the
+	// last is empty or a torn write.
+	first := 1
+	if off == 0 {
+		first = 0
+	}
+	for i := len(lines) - 2; i >= first; i-- {
+		var e Event
+		if json.Unmarshal(lines[i], &e) == nil && e.Seq > 0 {
+			return e.Seq, nil
+		}
+	}
+	return 0, nil
 }
 
 // scanSegment calls fn for each well-formed event line until fn returns

@@ -531,3 +531,69 @@ func TestPruneDeletesEndedJobsPastRetention(t *testing.T) {
 		t.Fatalf("a running job was pruned: %+v %v", info, err)
 	}
 }
+
+// List reports the same last_seq as Status, live and ended.
+func TestListReportsLastSeq(t *testing.T) {
+	m := openTest(t, t.TempDir(), nil)
+	ctx := context.Background()
+	id := start(t, m, "alice", "s1", `echo one; echo two; read x`, true)
+	waitFor(t, m, "alice", id, func(e Event) bool { return e.Type == EventStdout && strings.Contains(e.Data, "two") })
+	check := func(when string) {
+		t.Helper()
+		info, err := m.Status(ctx, "alice", id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		list, err := m.List(ctx, "alice", "", 10)
+		if err != nil || len(list) != 1 {
+			t.Fatalf("list %+v %v", list, err)
+		}
+		if info.LastSeq < 2 || list[0].LastSeq != info.LastSeq {
+			t.Fatalf("%s: list last_seq %d, status %d", when, list[0].LastSeq, info.LastSeq)
+		}
+	}
+	check("running")
+	if err := m.SendStdin(ctx, "alice", id, nil, true); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, m, "alice", id, func(e Event) bool { return e.Type == EventExit })
+	check("ended")
+}
+
+// lastSeqOnDisk reads only a segment's tail, but falls back to the whole
+// segment when its last line is longer than the tail, and skips a torn
+// last line.
+func TestLastSeqOnDisk(t *testing.T) {
+	dir := t.TempDir()
+	l, err := openLog(dir, 1<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	for i := 0; i < 100; i++ {
+		if _, err := l.append(Event{Type: EventStdout, Data: strings.Repeat("x", 500)}, now); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got, err := lastSeqOnDisk(dir); err != nil || got != 100 {
+		t.Fatalf("last seq %d %v, want 100", got, err)
+	}
+	if _, err := l.append(Event{Type: EventStdout, Data: strings.Repeat("y", 3*tailBytes)}, now); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := lastSeqOnDisk(dir); err != nil || got != 101 {
+		t.Fatalf("after a long line: %d %v, want 101", got, err)
+	}
+	if err := l.close(); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.OpenFile(filepath.Join(dir, segName(1)), os.O_WRONLY|os.O_APPEND, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = f.WriteString(`{"seq":102,"ts":"x","type":"std`) // a crash mid-write
+	f.Close()
+	if got, err := lastSeqOnDisk(dir); err != nil || got != 101 {
+		t.Fatalf("after a torn line: %d %v, want 101", got, err)
+	}
+}

@@ -457,31 +457,20 @@ func (m *Manager) Status(ctx context.Context, principal, id string) (Info, error
 	if err != nil {
 		return Info{}, brokererr.Wrap(err, brokererr.Unavailable, "job store unavailable")
 	}
-	if l := m.liveLog(principal, id); l != nil {
-		l.mu.Lock()
-		info.LastSeq = l.next - 1
-		l.mu.Unlock()
-	} else if lg, err := openLogReadOnly(m.logDir(id)); err == nil {
-		info.LastSeq = lg
-	}
+	m.fillLastSeq(principal, &info)
 	return info, nil
 }
 
-// openLogReadOnly returns the last seq on disk without keeping files open.
-func openLogReadOnly(dir string) (int64, error) {
-	l := &eventLog{dir: dir}
-	segs, err := l.segments()
-	if err != nil {
-		return 0, err
+// fillLastSeq sets info.LastSeq from the live log or, for an ended job,
+// from the end of its log on disk.
+func (m *Manager) fillLastSeq(principal string, info *Info) {
+	if l := m.liveLog(principal, info.ID); l != nil {
+		l.mu.Lock()
+		info.LastSeq = l.next - 1
+		l.mu.Unlock()
+	} else if last, err := lastSeqOnDisk(m.logDir(info.ID)); err == nil {
+		info.LastSeq = last
 	}
-	var last int64
-	for _, n := range segs {
-		_ = scanSegment(filepath.Join(dir, segName(n)), func(e Event) bool {
-			last = max(last, e.Seq)
-			return true
-		})
-	}
-	return last, nil
 }
 
 func scanInfo(scan func(...any) error) (Info, error) {
@@ -529,7 +518,13 @@ func (m *Manager) List(ctx context.Context, principal, sessionID string, limit i
 		}
 		out = append(out, i)
 	}
-	return out, rows.Err()
+	if err := rows.Err(); err != nil {
+		return nil, brokererr.Wrap(err, brokererr.Unavailable, "job store unavailable")
+	}
+	for i := range out {
+		m.fillLastSeq(principal, &out[i])
+	}
+	return out, nil
 }
 
 func (m *Manager) liveJob(principal, id string) *job {
