@@ -158,6 +158,43 @@ func TestJobStreamsByCursor(t *testing.T) {
 	})
 }
 
+// A long-poll gathers output that arrives within its window: a job
+// printing ten lines at intervals is read in a few calls, not eleven.
+func TestJobOutputGatheredPerCall(t *testing.T) {
+	backends(t, nil, func(t *testing.T, backend string, b *Broker, c *client.Client) {
+		r := startAsync(t, c, map[string]any{"command": `for i in $(seq 1 10); do echo "line $i"; sleep 0.05; done`})
+		var since int64
+		var out strings.Builder
+		calls := 0
+		for {
+			calls++
+			var page execResult
+			resultJSON(t, callTool(t, c, "get_execution_output", map[string]any{"execution_id": r.ExecutionID, "since": since, "wait": true, "max_wait_s": 10}), &page)
+			for _, e := range page.Output {
+				if e.Seq != since+1 {
+					t.Fatalf("seq %d after %d", e.Seq, since)
+				}
+				since = e.Seq
+				if e.Type == "stdout" {
+					out.WriteString(e.Data)
+				}
+			}
+			if page.Status != "running" && !page.More {
+				break
+			}
+			if calls > 30 {
+				t.Fatal("the job did not end")
+			}
+		}
+		if strings.Count(out.String(), "line ") != 10 || !strings.HasSuffix(out.String(), "line 10\n") {
+			t.Fatalf("stdout %q", out.String())
+		}
+		if calls > 6 {
+			t.Fatalf("%d calls for 10 lines printed 50 ms apart: output was not gathered", calls)
+		}
+	})
+}
+
 func TestJobInteractiveStdinAndCancel(t *testing.T) {
 	backends(t, nil, func(t *testing.T, backend string, b *Broker, c *client.Client) {
 		r := startAsync(t, c, map[string]any{"command": `read -r name; echo "hello $name"; read -r n; echo "sum $((n + 1))"`, "interactive": true})

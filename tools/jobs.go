@@ -32,12 +32,15 @@ type Jobs struct {
 const (
 	maxInlineWait   = 50 * time.Second // below the 60 s many clients allow a call
 	defaultPollWait = 25 * time.Second
-	maxPageEvents   = 500
-	maxPageBytes    = 64 << 10
-	maxStdinBytes   = 64 << 10
-	maxEnvVars      = 64
-	maxEnvBytes     = 32 << 10
-	maxListed       = 100
+	// gatherWindow: a long-poll that got output keeps collecting this long,
+	// so a job printing line by line is not one call per line.
+	gatherWindow  = 250 * time.Millisecond
+	maxPageEvents = 500
+	maxPageBytes  = 64 << 10
+	maxStdinBytes = 64 << 10
+	maxEnvVars    = 64
+	maxEnvBytes   = 32 << 10
+	maxListed     = 100
 )
 
 func (j *Jobs) ready() error {
@@ -207,7 +210,7 @@ func (j *Jobs) start(ctx context.Context, p identity.Principal, a *ExecuteCodeAs
 
 // page reads events after since and cleans their text.
 func (j *Jobs) page(ctx context.Context, p identity.Principal, id string, since int64, wait time.Duration) (ExecutionResult, error) {
-	out, err := j.Jobs.Read(ctx, p.ID, id, jobs.ReadRequest{Since: since, Wait: wait, MaxEvents: maxPageEvents, MaxBytes: maxPageBytes})
+	out, err := j.Jobs.Read(ctx, p.ID, id, jobs.ReadRequest{Since: since, Wait: wait, MaxEvents: maxPageEvents, MaxBytes: maxPageBytes, Gather: gatherWindow})
 	if err != nil {
 		return ExecutionResult{}, err
 	}
@@ -337,7 +340,7 @@ type GetExecutionOutputArgs struct {
 // GetExecutionOutput reads a job's events by cursor.
 func (j *Jobs) GetExecutionOutput() ServerTool {
 	return newTool("get_execution_output",
-		"Read an execution's output events after the cursor `since` (events carry seq; pass the returned next_since next time). With wait=true it long-polls until new output arrives or the execution ends.",
+		"Read an execution's output events after the cursor `since` (events carry seq; pass the returned next_since next time). With wait=true it long-polls until new output arrives (then gathers for 250 ms more, up to 64 KB) or the execution ends.",
 		0, readAnnotations("Read execution output"),
 		func(ctx context.Context, p identity.Principal, a *GetExecutionOutputArgs) (*mcp.CallToolResult, error) {
 			if err := j.ready(); err != nil {

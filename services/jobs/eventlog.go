@@ -54,6 +54,7 @@ type eventLog struct {
 	curN    int   // current segment number
 	curSize int64 // bytes in the current segment
 	next    int64 // next seq to assign
+	written int64 // data bytes appended since open, for readers that gather
 	first   int64 // first seq still on disk (0 when empty)
 	changed chan struct{}
 	closed  bool
@@ -156,6 +157,7 @@ func (l *eventLog) append(e Event, now time.Time) (Event, error) {
 		return e, err
 	}
 	l.curSize += int64(len(b))
+	l.written += int64(len(e.Data))
 	l.next++
 	if l.first == 0 {
 		l.first = e.Seq
@@ -191,6 +193,13 @@ func (l *eventLog) rotate() error {
 		l.first = e.Seq
 		return false
 	})
+}
+
+// counters returns the next seq and the data bytes written so far.
+func (l *eventLog) counters() (next, written int64) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.next, l.written
 }
 
 // wait returns a channel closed at the next append.

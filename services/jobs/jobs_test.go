@@ -597,3 +597,56 @@ func TestLastSeqOnDisk(t *testing.T) {
 		t.Fatalf("after a torn line: %d %v, want 101", got, err)
 	}
 }
+
+// A long-poll that got output gathers what follows within the window, so
+// ten lines printed at intervals take a few reads, not one per line; a
+// full page ends the window early.
+func TestWaitGathersOutput(t *testing.T) {
+	m := openTest(t, t.TempDir(), nil)
+	id := start(t, m, "alice", "s1", `for i in $(seq 1 10); do echo line$i; sleep 0.02; done`, false)
+	var since int64
+	var out strings.Builder
+	reads := 0
+	for {
+		reads++
+		page, err := m.Read(context.Background(), "alice", id, ReadRequest{Since: since, Wait: 10 * time.Second,
+			MaxEvents: 100, MaxBytes: 1 << 20, Gather: 250 * time.Millisecond})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, e := range page.Events {
+			if e.Seq != since+1 {
+				t.Fatalf("seq %d after %d", e.Seq, since)
+			}
+			since = e.Seq
+			out.WriteString(e.Data)
+		}
+		if page.Status != StatusRunning && !page.More {
+			break
+		}
+		if reads > 20 {
+			t.Fatal("job did not end")
+		}
+	}
+	if !strings.HasSuffix(out.String(), "line10\n") || strings.Count(out.String(), "line") != 10 {
+		t.Fatalf("output %q", out.String())
+	}
+	if reads > 6 {
+		t.Fatalf("%d reads for 10 lines: output was not gathered", reads)
+	}
+
+	// A page that fills ends the window at once.
+	id = start(t, m, "alice", "s2", `head -c 100000 /dev/zero | tr '\0' x; sleep 30`, false)
+	t0 := time.Now()
+	page, err := m.Read(context.Background(), "alice", id, ReadRequest{Wait: 30 * time.Second, MaxEvents: 1000, MaxBytes: 8 << 10, Gather: 20 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	size := 0
+	for _, e := range page.Events {
+		size += len(e.Data)
+	}
+	if !page.More && size < 8<<10 || time.Since(t0) > 10*time.Second {
+		t.Fatalf("full page: %d bytes, more=%v after %s", size, page.More, time.Since(t0))
+	}
+}

@@ -549,6 +549,10 @@ type ReadRequest struct {
 	Wait      time.Duration // 0: answer at once
 	MaxEvents int
 	MaxBytes  int
+	// Gather, with Wait, keeps collecting for this long after the first
+	// new event (or until MaxEvents, MaxBytes or the job's end), so that
+	// output arriving line by line comes back in one answer.
+	Gather time.Duration
 }
 
 // Output is what Read returns.
@@ -558,7 +562,8 @@ type Output struct {
 }
 
 // Read returns the caller's job events after req.Since. With Wait it blocks
-// until there is at least one, the job ends, Wait passes or ctx ends.
+// until there is at least one (then gathers for req.Gather), the job ends,
+// Wait passes or ctx ends.
 func (m *Manager) Read(ctx context.Context, principal, id string, req ReadRequest) (Output, error) {
 	info, err := m.Status(ctx, principal, id)
 	if err != nil {
@@ -566,6 +571,13 @@ func (m *Manager) Read(ctx context.Context, principal, id string, req ReadReques
 	}
 	deadline := time.NewTimer(req.Wait)
 	defer deadline.Stop()
+	gather := (*time.Timer)(nil)
+	defer func() {
+		if gather != nil {
+			gather.Stop()
+		}
+	}()
+	final := false // the read after gathering is the last
 	for {
 		j := m.liveJob(principal, id)
 		var l *eventLog
@@ -593,8 +605,19 @@ func (m *Manager) Read(ctx context.Context, principal, id string, req ReadReques
 		if j == nil && status == StatusRunning {
 			status = StatusError
 		}
-		if len(p.Events) > 0 || p.Dropped > 0 || j == nil || req.Wait <= 0 {
+		got := len(p.Events) > 0 || p.Dropped > 0
+		if final || j == nil || req.Wait <= 0 || p.More || got && req.Gather <= 0 {
 			return Output{Page: p, Status: status}, nil
+		}
+		if got {
+			gather = time.NewTimer(req.Gather)
+			// The log is read once more after the window, the job's end or
+			// a full page, not at every event.
+			if !l.gatherWait(ctx, j.done, gather.C, deadline.C, p, req) {
+				return Output{Page: p, Status: status}, nil
+			}
+			final = true
+			continue
 		}
 		select {
 		case <-changed:
@@ -606,6 +629,38 @@ func (m *Manager) Read(ctx context.Context, principal, id string, req ReadReques
 			return Output{Page: p, Status: status}, nil
 		case <-ctx.Done():
 			return Output{Page: p, Status: status}, nil
+		}
+	}
+}
+
+// gatherWait waits, after a read that returned page p, until enough new
+// events have been appended to fill the page, the job ends, or one of the
+// timers fires. It reports whether the log is worth reading again: false
+// when a timer fired or ctx ended with nothing new since p.
+func (l *eventLog) gatherWait(ctx context.Context, done <-chan struct{}, gathered, deadline <-chan time.Time, p Page, req ReadRequest) bool {
+	next0, written0 := l.counters()
+	size := 0
+	for _, e := range p.Events {
+		size += len(e.Data)
+	}
+	for {
+		changed := l.wait()
+		next, written := l.counters()
+		if int(next-next0)+len(p.Events) >= req.MaxEvents || int(written-written0)+size >= req.MaxBytes {
+			return true
+		}
+		select {
+		case <-changed:
+		case <-done:
+			return true
+		case <-gathered:
+			next, _ := l.counters()
+			return next != next0
+		case <-deadline:
+			next, _ := l.counters()
+			return next != next0
+		case <-ctx.Done():
+			return false
 		}
 	}
 }
