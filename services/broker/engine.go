@@ -66,7 +66,7 @@ func (b *Broker) openEngine(ctx context.Context, cfg config.Config) error {
 	}
 	eng, dockerOK, err := b.openBackend(ctx, cfg, agentBin)
 	if err != nil {
-		b.log.Error().Str("backend", cfg.Backend).Str("cause", b.redactor.Message(err.Error(), 300)).Msg("sandbox_backend_unavailable")
+		b.log.Error().Str("backend", cfg.Backend).Str("cause", causeText(b.redactor, err, 300)).Msg("sandbox_backend_unavailable")
 		b.checks = append(b.checks, check{"sandbox_backend", func(context.Context) error { return err }})
 		return b.openProjects(ctx, cfg, agentBin, false)
 	}
@@ -155,7 +155,7 @@ func (b *Broker) openBackend(ctx context.Context, cfg config.Config, agentBin st
 		if cfg.Backend == "docker" {
 			return nil, false, err
 		}
-		b.log.Warn().Str("cause", b.redactor.Message(err.Error(), 200)).Msg("docker_unavailable_using_process_backend")
+		b.log.Warn().Str("cause", causeText(b.redactor, err, 300)).Msg("docker_unavailable_using_process_backend")
 	}
 	eng, err := process.New(ctx, process.Options{
 		Root:        cfg.Root,
@@ -286,7 +286,7 @@ func (b *Broker) openProjects(ctx context.Context, cfg config.Config, agentBin s
 		return nil
 	}
 	if err != nil {
-		b.log.Error().Str("cause", b.redactor.Message(err.Error(), 300)).Msg("project_provider_unavailable")
+		b.log.Error().Str("cause", causeText(b.redactor, err, 300)).Msg("project_provider_unavailable")
 		b.checks = append(b.checks, check{"projects", func(context.Context) error { return err }})
 		return nil
 	}
