@@ -23,9 +23,10 @@ type Jobs struct {
 	Engine *Engine
 	Jobs   *jobs.Manager
 	// Egress returns the proxy a job of the principal's session (by
-	// workspace ID) reaches the network through under policy; it is only
-	// called for policies other than none.
-	Egress func(principal, sessionKey string, policy egress.Policy) (func(net.Listener), error)
+	// workspace ID) reaches the network through under policy, reporting
+	// each request's verdict to onDecision; it is only called for policies
+	// other than none.
+	Egress func(principal, sessionKey string, policy egress.Policy, onDecision func(egress.Decision)) (func(net.Listener), error)
 }
 
 // Limits of the execution tools.
@@ -141,7 +142,11 @@ type ExecutionResult struct {
 	Dropped     int64        `json:"dropped,omitempty"`
 	NextSince   int64        `json:"next_since"`
 	More        bool         `json:"more,omitempty"`
-	Hint        string       `json:"hint,omitempty"`
+	// EgressDenied says which network requests the sandbox's proxy refused
+	// and by which rule: programs often show only "403".
+	EgressDenied      []jobs.EgressDenial `json:"egress_denied,omitempty"`
+	EgressDeniedOther int                 `json:"egress_denied_other,omitempty"`
+	Hint              string              `json:"hint,omitempty"`
 }
 
 // start validates and starts a job.
@@ -184,15 +189,21 @@ func (j *Jobs) start(ctx context.Context, p identity.Principal, a *ExecuteCodeAs
 		return "", "", brokererr.New(brokererr.NotConfigured, "this sandbox backend cannot run executions")
 	}
 	spec := sandbox.JobSpec{Command: a.Command, WorkDir: wd, Env: a.Environment, Timeout: timeout, Interactive: a.Interactive}
+	var network jobs.EgressBuilder
 	if policy.Mode != egress.ModeNone && j.Egress != nil {
-		if spec.Egress, err = j.Egress(p.ID, lease.WorkspaceID, policy); err != nil {
-			return "", "", err
+		network = func(deny func(jobs.EgressDenial)) (func(net.Listener), error) {
+			return j.Egress(p.ID, lease.WorkspaceID, policy, func(d egress.Decision) {
+				if !d.Allowed && d.Rule != "" { // refused by a rule, not failed
+
+					deny(jobs.EgressDenial{Host: d.Host, Port: d.Port, Reason: d.Reason, Rule: d.Rule})
+				}
+			})
 		}
 	}
 	unpin := lease.Pin()
 	principal := p.ID
 	id, err := j.Jobs.Start(ctx, jobs.StartRequest{
-		Principal: p.ID, SessionID: lease.ID, SessionKey: lease.WorkspaceID, Runner: runner, Spec: spec, Network: policy.String(),
+		Principal: p.ID, SessionID: lease.ID, SessionKey: lease.WorkspaceID, Runner: runner, Spec: spec, Network: policy.String(), Egress: network,
 		OnEnd: func(x sandbox.JobExit) {
 			unpin()
 			if x.Duration > 0 {
@@ -214,7 +225,8 @@ func (j *Jobs) page(ctx context.Context, p identity.Principal, id string, since 
 	if err != nil {
 		return ExecutionResult{}, err
 	}
-	res := ExecutionResult{ExecutionID: id, Status: out.Status, Dropped: out.Dropped, NextSince: out.Next, More: out.More, Output: out.Events}
+	res := ExecutionResult{ExecutionID: id, Status: out.Status, Dropped: out.Dropped, NextSince: out.Next, More: out.More, Output: out.Events,
+		EgressDenied: out.EgressDenied, EgressDeniedOther: out.EgressDeniedOther}
 	if res.Output == nil {
 		res.Output = []jobs.Event{}
 	}
@@ -225,8 +237,11 @@ func (j *Jobs) page(ctx context.Context, p identity.Principal, id string, since 
 			res.ExitCode = ev.Code
 		}
 	}
-	if res.Dropped > 0 {
+	switch {
+	case res.Dropped > 0:
 		res.Hint = "older output was dropped to respect the log's size cap"
+	case len(res.EgressDenied) > 0:
+		res.Hint = "the sandbox's network proxy refused requests: egress_denied says which host and which rule of sandbox_config.network"
 	}
 	return res, nil
 }

@@ -26,6 +26,9 @@ const (
 	EventTimeout   = "timeout"
 	EventError     = "error"
 	EventCancelled = "cancelled"
+	// EventEgressDenied: the job's network proxy refused a request (the
+	// first time for each host, port and rule).
+	EventEgressDenied = "egress_denied"
 )
 
 // Event is one entry of a job's output log. Seq increases by one per event
@@ -40,6 +43,9 @@ type Event struct {
 	DurationMS     *int64 `json:"duration_ms,omitempty"`
 	TimeoutSeconds int    `json:"timeout_seconds,omitempty"`
 	Message        string `json:"message,omitempty"`
+	Host           string `json:"host,omitempty"` // egress_denied
+	Port           int    `json:"port,omitempty"`
+	Rule           string `json:"rule,omitempty"`
 }
 
 // eventLog is a job's bounded on-disk log: JSON lines in at most two

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -648,5 +649,77 @@ func TestWaitGathersOutput(t *testing.T) {
 	}
 	if !page.More && size < 8<<10 || time.Since(t0) > 10*time.Second {
 		t.Fatalf("full page: %d bytes, more=%v after %s", size, page.More, time.Since(t0))
+	}
+}
+
+// Refused network requests are recorded on the job: counted per host, port
+// and rule, logged once in order with the output, reported by Read, Status
+// and List, and kept after the job ends and the broker restarts.
+func TestEgressDenialsRecorded(t *testing.T) {
+	dir := t.TempDir()
+	m := openTest(t, dir, nil)
+	ctx := context.Background()
+	var deny func(EgressDenial)
+	built := make(chan struct{})
+	id, err := m.Start(ctx, StartRequest{Principal: "alice", SessionID: "s1", SessionKey: "s1",
+		Runner: procRunner{dir: t.TempDir()}, Spec: sandbox.JobSpec{Command: `read x; echo done`, Timeout: 30 * time.Second, Interactive: true},
+		Network: "allow=*.example.org",
+		Egress: func(d func(EgressDenial)) (func(net.Listener), error) {
+			deny = d
+			close(built)
+			return func(net.Listener) {}, nil
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-built
+	blocked := EgressDenial{Host: "blocked.example.net", Port: 443, Reason: "not_in_allowed_domains", Rule: "allowed_domains [*.example.org]"}
+	deny(blocked)
+	deny(blocked)
+	deny(EgressDenial{Host: "10.0.0.1", Port: 443, Reason: "ip_literal", Rule: "allowed_domains lists domain names only"})
+	check := func(when string, got []EgressDenial) {
+		t.Helper()
+		if len(got) != 2 || got[0].Host != blocked.Host || got[0].Count != 2 || got[0].Rule != blocked.Rule || got[1].Count != 1 {
+			t.Fatalf("%s: denials %+v", when, got)
+		}
+	}
+	out, err := m.Read(ctx, "alice", id, ReadRequest{MaxEvents: 100, MaxBytes: 1 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	check("read", out.EgressDenied)
+	var logged []Event
+	for _, e := range out.Events {
+		if e.Type == EventEgressDenied {
+			logged = append(logged, e)
+		}
+	}
+	if len(logged) != 2 || logged[0].Host != blocked.Host || logged[0].Port != 443 || logged[0].Rule != blocked.Rule {
+		t.Fatalf("logged %+v", logged)
+	}
+	if err := m.SendStdin(ctx, "alice", id, []byte("go\n"), true); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, m, "alice", id, func(e Event) bool { return e.Type == EventExit })
+	info, err := m.Status(ctx, "alice", id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	check("status after the end", info.EgressDenied)
+	list, err := m.List(ctx, "alice", "", 10)
+	if err != nil || len(list) != 1 {
+		t.Fatal(list, err)
+	}
+	check("list", list[0].EgressDenied)
+	closeCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	_ = m.Close(closeCtx)
+	m2 := openTest(t, dir, nil)
+	if info, err = m2.Status(ctx, "alice", id); err != nil {
+		t.Fatal(err)
+	}
+	check("after a restart", info.EgressDenied)
+	if _, err := m2.Status(ctx, "bob", id); brokererr.CodeOf(err) != brokererr.SandboxNotFound {
+		t.Fatalf("another principal: %v", err)
 	}
 }

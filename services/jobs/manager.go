@@ -84,6 +84,8 @@ type job struct {
 	done                      chan struct{}
 	mu                        sync.Mutex
 	cancelled                 bool
+	denials                   []EgressDenial // under mu
+	deniedOther               int            // denials past maxDenials
 }
 
 // Info is a job's status as the tools report it.
@@ -100,6 +102,9 @@ type Info struct {
 	StartedAt   string `json:"started_at"`
 	EndedAt     string `json:"ended_at,omitempty"`
 	LastSeq     int64  `json:"last_seq"`
+	// EgressDenied lists the network requests the job's proxy refused.
+	EgressDenied      []EgressDenial `json:"egress_denied,omitempty"`
+	EgressDeniedOther int            `json:"egress_denied_other,omitempty"`
 }
 
 const schema = `CREATE TABLE IF NOT EXISTS jobs(
@@ -254,6 +259,9 @@ type StartRequest struct {
 	Runner     sandbox.JobRunner
 	Spec       sandbox.JobSpec // ID is assigned here
 	Network    string          // the egress policy, as recorded
+	// Egress, when set, builds the job's network path once the job exists,
+	// so that the requests it refuses are recorded on the job.
+	Egress EgressBuilder
 	// OnEnd runs once the job has ended and its status is stored (unpin
 	// the session, bill the time).
 	OnEnd func(sandbox.JobExit)
@@ -333,6 +341,15 @@ func (m *Manager) Start(ctx context.Context, req StartRequest) (string, error) {
 		m.finish(j, sandbox.JobExit{Err: err}, req.OnEnd)
 		return "", brokererr.Wrap(err, brokererr.Unavailable, "job log unavailable")
 	}
+	if req.Egress != nil {
+		if spec.Egress, err = req.Egress(func(d EgressDenial) { m.deny(j, d) }); err != nil {
+			m.finish(j, sandbox.JobExit{Err: err}, req.OnEnd)
+			if brokererr.As(err) != nil {
+				return "", err
+			}
+			return "", brokererr.Wrap(err, brokererr.Unavailable, "cannot give the execution a network path")
+		}
+	}
 	h, err := req.Runner.StartJob(ctx, spec, sink)
 	if err != nil {
 		m.finish(j, sandbox.JobExit{Err: err}, req.OnEnd)
@@ -400,6 +417,7 @@ func (m *Manager) finish(j *job, x sandbox.JobExit, onEnd func(sandbox.JobExit))
 	if _, err := j.log.append(ev, now); err != nil {
 		m.o.Log.Warn().Str("execution_id", j.id).Msg("job_log_append_failed")
 	}
+	m.saveDenials(j)
 	var exit any
 	if status != StatusError {
 		exit = code
@@ -458,6 +476,7 @@ func (m *Manager) Status(ctx context.Context, principal, id string) (Info, error
 		return Info{}, brokererr.Wrap(err, brokererr.Unavailable, "job store unavailable")
 	}
 	m.fillLastSeq(principal, &info)
+	m.fillDenials(principal, &info)
 	return info, nil
 }
 
@@ -523,6 +542,7 @@ func (m *Manager) List(ctx context.Context, principal, sessionID string, limit i
 	}
 	for i := range out {
 		m.fillLastSeq(principal, &out[i])
+		m.fillDenials(principal, &out[i])
 	}
 	return out, nil
 }
@@ -559,12 +579,27 @@ type ReadRequest struct {
 type Output struct {
 	Page
 	Status string
+	// The job's refused network requests so far (all of them, not only
+	// those of this page).
+	EgressDenied      []EgressDenial
+	EgressDeniedOther int
 }
 
 // Read returns the caller's job events after req.Since. With Wait it blocks
 // until there is at least one (then gathers for req.Gather), the job ends,
 // Wait passes or ctx ends.
 func (m *Manager) Read(ctx context.Context, principal, id string, req ReadRequest) (Output, error) {
+	out, err := m.read(ctx, principal, id, req)
+	if err != nil {
+		return Output{}, err
+	}
+	info := Info{ID: id}
+	m.fillDenials(principal, &info)
+	out.EgressDenied, out.EgressDeniedOther = info.EgressDenied, info.EgressDeniedOther
+	return out, nil
+}
+
+func (m *Manager) read(ctx context.Context, principal, id string, req ReadRequest) (Output, error) {
 	info, err := m.Status(ctx, principal, id)
 	if err != nil {
 		return Output{}, err
