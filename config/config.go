@@ -198,7 +198,7 @@ func Load(args []string, getenv func(string) string) (Config, error) {
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	fs.SetOutput(discard{})
 	var names []string
-	var toolsets *string
+	lists := map[*[]string]*string{} // comma-separated, split after parsing
 	v := reflect.ValueOf(&c).Elem()
 	for i := 0; i < v.NumField(); i++ {
 		f := v.Type().Field(i)
@@ -213,7 +213,7 @@ func Load(args []string, getenv func(string) string) (Config, error) {
 		case *bool:
 			fs.BoolVar(p, name, *p, f.Tag.Get("env"))
 		case *[]string:
-			toolsets = fs.String(name, strings.Join(*p, ","), f.Tag.Get("env"))
+			lists[p] = fs.String(name, strings.Join(*p, ","), f.Tag.Get("env"))
 		}
 	}
 	if err := fs.Parse(args); err != nil {
@@ -222,7 +222,9 @@ func Load(args []string, getenv func(string) string) (Config, error) {
 	if fs.NArg() > 0 {
 		return Config{}, fmt.Errorf("config: unexpected argument %q (flags: %s)", fs.Arg(0), strings.Join(names, ", "))
 	}
-	c.Toolsets = splitList(*toolsets)
+	for p, s := range lists {
+		*p = splitList(*s)
+	}
 	return c, Validate(c)
 }
 

@@ -194,7 +194,6 @@ func (j *Jobs) start(ctx context.Context, p identity.Principal, a *ExecuteCodeAs
 		network = func(deny func(jobs.EgressDenial)) (func(net.Listener), error) {
 			return j.Egress(p.ID, lease.WorkspaceID, policy, func(d egress.Decision) {
 				if !d.Allowed && d.Rule != "" { // refused by a rule, not failed
-
 					deny(jobs.EgressDenial{Host: d.Host, Port: d.Port, Reason: d.Reason, Rule: d.Rule})
 				}
 			})

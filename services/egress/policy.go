@@ -269,13 +269,22 @@ func matchEntry(entries []string, name string) string {
 	return ""
 }
 
-// listShort joins entries for a message, eliding past a few.
+// listShort joins entries for a message, eliding past about 200 bytes:
+// the rule is repeated in every refusal the model reads.
 func listShort(entries []string) string {
-	const show = 8
-	if len(entries) <= show {
-		return strings.Join(entries, ", ")
+	const budget = 200
+	var b strings.Builder
+	for i, e := range entries {
+		if i > 0 && b.Len()+len(e) > budget {
+			fmt.Fprintf(&b, ", … %d more", len(entries)-i)
+			break
+		}
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		b.WriteString(e)
 	}
-	return strings.Join(entries[:show], ", ") + fmt.Sprintf(", … %d more", len(entries)-show)
+	return b.String()
 }
 
 // String is the compact form for logs and the audit trail:

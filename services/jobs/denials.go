@@ -3,11 +3,11 @@ package jobs
 import (
 	"encoding/json"
 	"errors"
-	"fmt"
 	"io/fs"
 	"net"
 	"os"
 	"path/filepath"
+	"strconv"
 )
 
 // EgressDenial is a network request a job's egress proxy refused: which
@@ -54,7 +54,7 @@ func (m *Manager) deny(j *job, d EgressDenial) {
 	j.mu.Unlock()
 	target := d.Host
 	if d.Port != 0 {
-		target = net.JoinHostPort(d.Host, fmt.Sprint(d.Port))
+		target = net.JoinHostPort(d.Host, strconv.Itoa(d.Port))
 	}
 	if _, err := j.log.append(Event{Type: EventEgressDenied, Host: d.Host, Port: d.Port, Rule: d.Rule,
 		Message: "the network proxy refused " + target + " (" + d.Reason + ")"}, m.o.Now()); err != nil {
@@ -82,25 +82,25 @@ func (m *Manager) saveDenials(j *job) {
 	}
 }
 
-// fillDenials sets info's denials from the live job or, once it has
-// ended, from the file beside its log.
-func (m *Manager) fillDenials(principal string, info *Info) {
-	if j := m.liveJob(principal, info.ID); j != nil {
+// denials returns the job's refusals (and how many more there were) from
+// the live job or, once it has ended, from the file beside its log. The
+// caller has checked that principal owns id.
+func (m *Manager) denials(principal, id string) ([]EgressDenial, int) {
+	if j := m.liveJob(principal, id); j != nil {
 		j.mu.Lock()
-		info.EgressDenied = append([]EgressDenial(nil), j.denials...)
-		info.EgressDeniedOther = j.deniedOther
-		j.mu.Unlock()
-		return
+		defer j.mu.Unlock()
+		return append([]EgressDenial(nil), j.denials...), j.deniedOther
 	}
-	b, err := os.ReadFile(filepath.Join(m.logDir(info.ID), deniedFile))
+	b, err := os.ReadFile(filepath.Join(m.logDir(id), deniedFile))
 	if err != nil {
 		if !errors.Is(err, fs.ErrNotExist) {
-			m.o.Log.Warn().Str("execution_id", info.ID).Msg("job_denials_read_failed")
+			m.o.Log.Warn().Str("execution_id", id).Msg("job_denials_read_failed")
 		}
-		return
+		return nil, 0
 	}
 	var rec deniedRecord
-	if json.Unmarshal(b, &rec) == nil {
-		info.EgressDenied, info.EgressDeniedOther = rec.Denials, rec.Other
+	if json.Unmarshal(b, &rec) != nil {
+		return nil, 0
 	}
+	return rec.Denials, rec.Other
 }

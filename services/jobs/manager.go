@@ -476,7 +476,7 @@ func (m *Manager) Status(ctx context.Context, principal, id string) (Info, error
 		return Info{}, brokererr.Wrap(err, brokererr.Unavailable, "job store unavailable")
 	}
 	m.fillLastSeq(principal, &info)
-	m.fillDenials(principal, &info)
+	info.EgressDenied, info.EgressDeniedOther = m.denials(principal, id)
 	return info, nil
 }
 
@@ -542,7 +542,7 @@ func (m *Manager) List(ctx context.Context, principal, sessionID string, limit i
 	}
 	for i := range out {
 		m.fillLastSeq(principal, &out[i])
-		m.fillDenials(principal, &out[i])
+		out[i].EgressDenied, out[i].EgressDeniedOther = m.denials(principal, out[i].ID)
 	}
 	return out, nil
 }
@@ -593,9 +593,7 @@ func (m *Manager) Read(ctx context.Context, principal, id string, req ReadReques
 	if err != nil {
 		return Output{}, err
 	}
-	info := Info{ID: id}
-	m.fillDenials(principal, &info)
-	out.EgressDenied, out.EgressDeniedOther = info.EgressDenied, info.EgressDeniedOther
+	out.EgressDenied, out.EgressDeniedOther = m.denials(principal, id)
 	return out, nil
 }
 
@@ -606,12 +604,6 @@ func (m *Manager) read(ctx context.Context, principal, id string, req ReadReques
 	}
 	deadline := time.NewTimer(req.Wait)
 	defer deadline.Stop()
-	gather := (*time.Timer)(nil)
-	defer func() {
-		if gather != nil {
-			gather.Stop()
-		}
-	}()
 	final := false // the read after gathering is the last
 	for {
 		j := m.liveJob(principal, id)
@@ -644,8 +636,9 @@ func (m *Manager) read(ctx context.Context, principal, id string, req ReadReques
 		if final || j == nil || req.Wait <= 0 || p.More || got && req.Gather <= 0 {
 			return Output{Page: p, Status: status}, nil
 		}
-		if got {
-			gather = time.NewTimer(req.Gather)
+		if got { // once: the next read is final
+			gather := time.NewTimer(req.Gather)
+			defer gather.Stop()
 			// The log is read once more after the window, the job's end or
 			// a full page, not at every event.
 			if !l.gatherWait(ctx, j.done, gather.C, deadline.C, p, req) {
