@@ -335,13 +335,13 @@ func lastSeqInTail(path string) (int64, error) {
 		return 0, err
 	}
 	lines := bytes.Split(buf, []byte("\n"))
-	// The first piece may be cut (unless the tail is the whole file); the
-	// last is empty or a torn write.
+	// The first piece may be cut (unless the tail is the whole file). A
+	// torn last line does not parse and is skipped, as scanSegment does.
 	first := 1
 	if off == 0 {
 		first = 0
 	}
-	for i := len(lines) - 2; i >= first; i-- {
+	for i := len(lines) - 1; i >= first; i-- {
 		var e Event
 		if json.Unmarshal(lines[i], &e) == nil && e.Seq > 0 {
 			return e.Seq, nil

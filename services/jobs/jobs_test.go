@@ -1,6 +1,7 @@
 package jobs
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"io"
@@ -722,4 +723,31 @@ func TestEgressDenialsRecorded(t *testing.T) {
 	if _, err := m2.Status(ctx, "bob", id); brokererr.CodeOf(err) != brokererr.SandboxNotFound {
 		t.Fatalf("another principal: %v", err)
 	}
+}
+
+// FuzzLastSeqOnDisk: whatever a segment holds (torn, long or garbled
+// lines), reading only its tail finds the same last seq as a whole scan.
+func FuzzLastSeqOnDisk(f *testing.F) {
+	f.Add([]byte("{\"seq\":1,\"type\":\"ready\"}\n{\"seq\":2,\"type\":\"exit\"}\n"))
+	f.Add([]byte("{\"seq\":7}\n{\"seq\":8,\"ty"))
+	f.Add([]byte("garbage\n\n{\"seq\":-3}\n"))
+	f.Add(append([]byte("{\"seq\":4}\n{\"seq\":5,\"data\":\""), append(bytes.Repeat([]byte("x"), 20000), []byte("\"}\n")...)...))
+	f.Fuzz(func(t *testing.T, seg []byte) {
+		dir := t.TempDir()
+		if err := os.WriteFile(filepath.Join(dir, segName(1)), seg, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		got, err := lastSeqOnDisk(dir)
+		if err != nil {
+			t.Fatalf("error on content: %v", err)
+		}
+		var want int64
+		_ = scanSegment(filepath.Join(dir, segName(1)), func(e Event) bool {
+			want = e.Seq // the last whole event line
+			return true
+		})
+		if got != want {
+			t.Fatalf("last seq %d, a whole scan says %d", got, want)
+		}
+	})
 }
