@@ -95,7 +95,7 @@ func jobError(err error) error {
 		case agent.JobErrInvalid:
 			return brokererr.New(brokererr.InvalidInput, "the job was refused: %s", msg)
 		case agent.JobErrLimit:
-			return brokererr.New(brokererr.QuotaExceeded, "too many jobs are running in this sandbox: %s", msg)
+			return brokererr.New(brokererr.QuotaExceeded, "too many jobs are running in this sandbox: %s", msg).WithRetryAfter(time.Second)
 		}
 	}
 	return brokererr.Wrap(err, brokererr.Unavailable, "the sandbox could not start the job")
