@@ -23,7 +23,7 @@ import sys
 
 MAX_ITEM = 1 << 20  # one MIME value or stream chunk, in characters
 CHUNK = 64 << 10
-MIME_TYPES = ("text/plain", "text/html", "text/markdown", "image/png", "image/jpeg")
+MIME_TYPES = ("text/plain", "text/html", "image/png", "image/jpeg")
 
 _out = sys.stdout
 sys.stdout = sys.stderr  # only send() writes to the agent

@@ -85,7 +85,7 @@ const (
 )
 
 // DisplayMIMETypes are the MIME types a Display may carry.
-var DisplayMIMETypes = []string{"text/plain", "text/html", "text/markdown", "image/png", "image/jpeg"}
+var DisplayMIMETypes = []string{"text/plain", "text/html", "image/png", "image/jpeg"}
 
 // Exception is Jupyter's error content without the traceback.
 type Exception struct {

@@ -115,6 +115,8 @@ type Engine struct {
 	cancel context.CancelFunc
 	bg     sync.WaitGroup // pool fillers and background removals
 	st     stats
+
+	kernels sandbox.KernelLedgers // by workspace ID
 }
 
 type runnerImage struct {

@@ -26,6 +26,8 @@ type Session struct {
 	ctrs      map[string]*ctr
 	uid       int // host uid (and gid) of its containers; 0 until leased
 	destroyed bool
+
+	kernel *sandbox.KernelLedger // the notebook kernel in its python container
 }
 
 var _ sandbox.Session = (*Session)(nil)
@@ -44,7 +46,7 @@ func (e *Engine) Open(ctx context.Context, ref sandbox.SessionRef) (sandbox.Sess
 	if closed {
 		return nil, brokererr.New(brokererr.Unavailable, "the Docker engine is shut down")
 	}
-	return &Session{e: e, ref: ref, ctrs: map[string]*ctr{}}, nil
+	return &Session{e: e, ref: ref, ctrs: map[string]*ctr{}, kernel: e.kernels.Get(ref.WorkspaceID)}, nil
 }
 
 func validWorkspaceID(s string) bool {
@@ -103,6 +105,7 @@ func (s *Session) Exec(ctx context.Context, req sandbox.ExecRequest) (sandbox.Ex
 		Code:           req.Code,
 		TimeoutMS:      max(timeout.Milliseconds(), 1),
 		MaxOutputBytes: req.MaxOutputBytes,
+		Mode:           req.Mode,
 	})
 	hardStop := rctx.Err() != nil && ctx.Err() == nil
 	cancel()
@@ -114,8 +117,7 @@ func (s *Session) Exec(ctx context.Context, req sandbox.ExecRequest) (sandbox.Ex
 	if err != nil {
 		// The agent is gone, hung or the caller gave up: this container's
 		// state is unknown, so it goes; the next Exec starts a new one.
-		delete(s.ctrs, r.Language)
-		e.removeAsync(c)
+		s.retireLocked(r.Language, c, "the sandbox stopped responding and was replaced")
 		switch {
 		case hardStop:
 			e.log.Warn().Str("container", shortID(c.dockerID)).Dur("timeout", timeout).Msg("sandbox missed its deadline; killed")
@@ -136,6 +138,10 @@ func (s *Session) Exec(ctx context.Context, req sandbox.ExecRequest) (sandbox.Ex
 	if !res.TimedOut && (resp.Signal == "SIGKILL" || resp.ExitCode == 137) {
 		res.OOMKilled = e.wasOOMKilled(ctx, c, oomBefore)
 	}
+	if res.OOMKilled && res.Kernel != nil && res.Kernel.Ended != "" {
+		res.Kernel.Ended = "the sandbox ran out of memory and the kernel was killed"
+	}
+	s.kernel.Observe(&res)
 	// A run that timed out or hit the OOM killer may have left the
 	// container in a bad state (stray processes, half-written /tmp): the
 	// next run gets a fresh container. Files in the workspace stay.
@@ -148,10 +154,32 @@ func (s *Session) Exec(ctx context.Context, req sandbox.ExecRequest) (sandbox.Ex
 			e.log.Info().Str("container", shortID(c.dockerID)).Bool("timed_out", res.TimedOut).Bool("oom_killed", res.OOMKilled).Msg("sandbox_kept_for_jobs")
 		}
 	} else if res.TimedOut || res.OOMKilled || e.hasStrays(c, sessionsBefore) {
-		delete(s.ctrs, r.Language)
-		e.removeAsync(c)
+		s.retireLocked(r.Language, c, retireReason(res))
 	}
 	return res, nil
+}
+
+// retireReason says why a run's container is replaced.
+func retireReason(res sandbox.ExecResult) string {
+	switch {
+	case res.TimedOut:
+		return "a run timed out and the sandbox was replaced"
+	case res.OOMKilled:
+		return "a run ran out of memory and the sandbox was replaced"
+	}
+	return "a run left processes behind and the sandbox was replaced"
+}
+
+// retireLocked removes the session's container c for lang in the
+// background; the next Exec starts a new one. Caller holds s.mu.
+func (s *Session) retireLocked(lang string, c *ctr, why string) {
+	if s.ctrs[lang] == c {
+		delete(s.ctrs, lang)
+	}
+	if lang == agent.LangPython {
+		s.kernel.Lost(why)
+	}
+	s.e.removeAsync(c)
 }
 
 // containerLocked returns the session's container for r, starting or
@@ -161,6 +189,9 @@ func (s *Session) containerLocked(ctx context.Context, r runnerImage) (*ctr, err
 	c := s.ctrs[r.Language]
 	if c != nil && c.gone.Load() {
 		delete(s.ctrs, r.Language)
+		if r.Language == agent.LangPython {
+			s.kernel.Lost("the sandbox was stopped")
+		}
 		c = nil
 	}
 	if c == nil {
@@ -272,8 +303,7 @@ func (s *Session) watchQuota(ctx context.Context, w *workspace.Workspace, c *ctr
 // reports QUOTA_EXCEEDED.
 func (s *Session) quotaExceeded(w *workspace.Workspace, before map[string]workspace.FileStamp, lang string, c *ctr, dur time.Duration) (sandbox.ExecResult, error) {
 	w.RemoveChanged(before)
-	delete(s.ctrs, lang)
-	s.e.removeAsync(c)
+	s.retireLocked(lang, c, "a run exceeded the workspace quota and the sandbox was replaced")
 	l := w.Limits()
 	return sandbox.ExecResult{Duration: dur, ExitCode: -1}, brokererr.New(brokererr.QuotaExceeded,
 		"the workspace exceeded its quota (%d files, %d MiB); the run was stopped and the files it wrote were removed", l.MaxFiles, l.MaxBytes>>20)
@@ -356,6 +386,7 @@ func (s *Session) Release(ctx context.Context) error {
 	if err := s.removeAll(ctx); err != nil {
 		return brokererr.Wrap(err, brokererr.Unavailable, "cannot remove the sandbox containers")
 	}
+	s.kernel.Lost("the session's sandbox was released while idle")
 	return nil
 }
 
@@ -369,6 +400,7 @@ func (s *Session) Destroy(ctx context.Context) error {
 	// Destroyed only once the containers are gone, so a failed attempt
 	// leaves a session that can still be used or destroyed again.
 	s.destroyed = true
+	s.e.kernels.Forget(s.ref.WorkspaceID)
 	if err := os.RemoveAll(s.ref.Dir); err != nil {
 		return brokererr.Wrap(err, brokererr.InternalError, "cannot delete the workspace")
 	}
