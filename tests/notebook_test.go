@@ -113,6 +113,14 @@ func TestNotebookModeKeepsStateAndShowsOutputs(t *testing.T) {
 		if strings.TrimSpace(fr.Stdout) != "False" {
 			t.Fatalf("fresh run saw kernel state: %+v", fr)
 		}
+		// Between calls the kernel is stopped: nothing of the session runs.
+		fr, _ = run(t, c, map[string]any{"session_id": s, "language": "python", "code": `import os
+for p in filter(str.isdigit, os.listdir('/proc')):
+    if b'ipykernel_launcher' in open(f'/proc/{p}/cmdline', 'rb').read():
+        print(open(f'/proc/{p}/stat').read().rsplit(')', 1)[1].split()[0])`})
+		if strings.TrimSpace(fr.Stdout) != "T" {
+			t.Fatalf("kernel state between calls: %+v", fr)
+		}
 		r, _ = cell(t, c, s, "x", nil)
 		if r.Result != "42" || r.Kernel.New {
 			t.Fatalf("kernel after a fresh run: %+v %+v", r, r.Kernel)

@@ -27,9 +27,10 @@ import (
 // new session, so the kernel never shows up as a session the host's stray
 // check has not seen, while anything a cell leaves behind is killed by the
 // sweep (which spares the two, see notebookProcs) or, if it starts a
-// session of its own, found by the host. A timeout, a dead kernel or a dead
-// shim kills both; the next notebook run starts a new kernel and says why
-// the old one went.
+// session of its own, found by the host. Between runs both are stopped
+// (SIGSTOP), so no code of the session runs while no call is in progress.
+// A timeout, a dead kernel or a dead shim kills both; the next notebook run
+// starts a new kernel and says why the old one went.
 
 //go:embed kernel_shim.py
 var kernelShim string
@@ -121,6 +122,7 @@ func (s *Server) notebookRun(ctx context.Context, req Request, timeout time.Dura
 		}
 		nb.cur, nb.ran, nb.lost = k, true, ""
 	}
+	nb.thaw()
 	res := nb.cur.execute(ctx, req.Code, deadline, limit)
 	res.DurationMS = time.Since(start).Milliseconds()
 	if res.Kernel != nil && res.Kernel.Ended != "" {
@@ -131,6 +133,7 @@ func (s *Server) notebookRun(ctx context.Context, req Request, timeout time.Dura
 	res.Kernel.Started, res.Kernel.Lost = status.Started, status.Lost
 	res.Kernel.ExecutionCount = nb.cur.countOr(0)
 	s.sweepAfter()
+	nb.freeze()
 	return res
 }
 
@@ -164,6 +167,26 @@ func (nb *notebook) end(k *kernel, why string) {
 	if nb.cur == k {
 		nb.cur = nil
 		nb.lost = why
+	}
+}
+
+// freeze stops the kernel and its client (SIGSTOP to their process
+// groups) once a run is over, so that between calls no code of the
+// session runs, threads a cell started included, as after a fresh run's
+// sweep. Every run ends with it (fresh runs too: their code could resume
+// the kernel), and so does a job's cleanup. The caller holds runSem.
+func (nb *notebook) freeze() { nb.signal(syscall.SIGSTOP) }
+
+// thaw resumes a frozen kernel for a cell. The caller holds runSem.
+func (nb *notebook) thaw() { nb.signal(syscall.SIGCONT) }
+
+func (nb *notebook) signal(sig syscall.Signal) {
+	if k := nb.cur; k != nil {
+		for _, c := range []*child{k.kern, k.shim} {
+			if !c.exited() {
+				_ = syscall.Kill(-c.pid, sig)
+			}
+		}
 	}
 }
 

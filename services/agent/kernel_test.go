@@ -95,7 +95,7 @@ func TestNotebookSweepSparesKernelOnly(t *testing.T) {
 	// Fresh runs and cells alike are followed by the sweep: the kernel
 	// lives on, the sleep it started does not.
 	ta.run(t, Request{Language: LangPython, Code: "print(1)", TimeoutMS: 10_000})
-	r = ta.run(t, cellReq("import os\nprint(p.poll(), os.path.exists('/proc/" + child + "'))"))
+	r = ta.run(t, cellReq("import os\nprint(p.poll(), os.path.exists('/proc/"+child+"'))"))
 	if r.Kernel.Started || strings.TrimSpace(string(r.Stdout)) != "-9 False" {
 		t.Fatalf("after the sweep: %+v %+v %q", r, r.Kernel, r.Stderr)
 	}
@@ -173,5 +173,29 @@ func TestFreshRunFiguresComeBack(t *testing.T) {
 				}
 			}
 		}
+	}
+}
+
+// Between runs the kernel is stopped, so threads a cell started do not run
+// while no call is in progress; a run that resumes it is undone.
+func TestNotebookKernelIsStoppedBetweenRuns(t *testing.T) {
+	ta := notebookAgent(t)
+	r := ta.run(t, cellReq("import os, threading, time\nticks = 0\ndef tick():\n    global ticks\n    while True:\n        ticks += 1\n        time.sleep(0.001)\nthreading.Thread(target=tick, daemon=True).start()\nos.getpid()"))
+	pid := r.Displays[0].Data["text/plain"]
+	state := "print(open('/proc/" + pid + "/stat').read().rsplit(')', 1)[1].split()[0])"
+	if r := ta.run(t, py(state)); strings.TrimSpace(string(r.Stdout)) != "T" {
+		t.Fatalf("kernel state between runs: %+v", r)
+	}
+	r = ta.run(t, py("import os, signal\nos.kill("+pid+", signal.SIGCONT)\n"+state))
+	if strings.TrimSpace(string(r.Stdout)) == "T" {
+		t.Fatalf("SIGCONT did not resume the kernel: %q", r.Stdout)
+	}
+	if r := ta.run(t, py(state)); strings.TrimSpace(string(r.Stdout)) != "T" {
+		t.Fatalf("kernel not stopped again after a run resumed it: %+v", r)
+	}
+	// The next cell runs (thawed), with its state and its thread.
+	r = ta.run(t, cellReq("a = ticks; time.sleep(0.05); ticks > a"))
+	if r.Kernel.Started || r.Displays[0].Data["text/plain"] != "True" {
+		t.Fatalf("cell after the freeze: %+v %+v", r, r.Displays)
 	}
 }

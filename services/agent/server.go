@@ -474,5 +474,7 @@ func (s *Server) run(ctx context.Context, req Request) Response {
 			s.logf("figures: %v", err)
 		}
 	}
-	return s.execute(ctx, lang, cmd, path, env, timeout, limit)
+	resp := s.execute(ctx, lang, cmd, path, env, timeout, limit)
+	s.nb.freeze()
+	return resp
 }
