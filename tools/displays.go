@@ -103,6 +103,24 @@ func safeHTML(raw []byte) (string, bool) {
 	return s, true
 }
 
+// richOutput fills out's notebook and display fields from res and returns
+// the content its displays add.
+func richOutput(out *RunCodeResult, sessionID string, res sandbox.ExecResult) []mcp.Content {
+	out.Kernel = kernelRef(res.Kernel)
+	if x := res.Exception; x != nil {
+		out.Exception = &ExceptionRef{}
+		out.Exception.Name, _ = cleanOutput([]byte(x.Name), 200)
+		out.Exception.Value, _ = cleanOutput([]byte(x.Value), 2000)
+	}
+	var count int
+	if res.Kernel != nil {
+		count = res.Kernel.ExecutionCount
+	}
+	shown, omitted := displaysResult(sessionID, count, res.Displays, &out.Displays, &out.Result)
+	out.DisplaysOmitted = omitted + res.DisplaysDropped
+	return shown
+}
+
 // displaysResult describes a run's displays in refs and returns their
 // content blocks; omitted counts what did not fit.
 func displaysResult(sessionID string, execCount int, list []sandbox.Display, refs *[]DisplayRef, result *string) (content []mcp.Content, omitted int) {

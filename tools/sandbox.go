@@ -204,18 +204,7 @@ func RunCode(e *Engine) ServerTool {
 			out.Truncated = out.Truncated || t1 || t2
 			out.Output = joinOutput(out.Stdout, out.Stderr)
 			out.Success = res.ExitCode == 0 && !res.TimedOut && !res.OOMKilled && res.Signal == ""
-			out.Kernel = kernelRef(res.Kernel)
-			if x := res.Exception; x != nil {
-				out.Exception = &ExceptionRef{}
-				out.Exception.Name, _ = cleanOutput([]byte(x.Name), 200)
-				out.Exception.Value, _ = cleanOutput([]byte(x.Value), 2000)
-			}
-			var count int
-			if res.Kernel != nil {
-				count = res.Kernel.ExecutionCount
-			}
-			shown, omitted := displaysResult(lease.ID, count, res.Displays, &out.Displays, &out.Result)
-			out.DisplaysOmitted = omitted + res.DisplaysDropped
+			shown := richOutput(&out, lease.ID, res)
 			files := e.filesResult(ctx, lease, res.Changed, &out.Files)
 			files.Content = append(shown, files.Content...)
 			return prependJSON(files, out)

@@ -82,6 +82,7 @@ type kernel struct {
 	in    *os.File      // the shim's stdin
 	lines chan []byte   // the shim's stdout, one line each; closed at EOF
 	skip  chan struct{} // a line over maxShimLine was dropped
+	gone  chan struct{} // closed by kill: nobody reads lines any more
 	count int           // last execution count
 }
 
@@ -99,7 +100,7 @@ func (s *Server) notebookRun(ctx context.Context, req Request, timeout time.Dura
 	nb := s.nb
 	start := time.Now()
 	deadline := start.Add(timeout)
-	status := &KernelStatus{}
+	started, lost := false, ""
 	if k := nb.cur; k != nil && (k.kern.exited() || k.shim.exited()) {
 		nb.end(k, "the kernel "+k.deathNote())
 	}
@@ -116,9 +117,9 @@ func (s *Server) notebookRun(ctx context.Context, req Request, timeout time.Dura
 			s.sweepAfter()
 			return res
 		}
-		status.Started, status.Lost = true, nb.lost
-		if !nb.ran {
-			status.Lost = ""
+		started = true
+		if nb.ran {
+			lost = nb.lost
 		}
 		nb.cur, nb.ran, nb.lost = k, true, ""
 	}
@@ -130,19 +131,13 @@ func (s *Server) notebookRun(ctx context.Context, req Request, timeout time.Dura
 	} else {
 		res.Kernel = &KernelStatus{}
 	}
-	res.Kernel.Started, res.Kernel.Lost = status.Started, status.Lost
-	res.Kernel.ExecutionCount = nb.cur.countOr(0)
+	res.Kernel.Started, res.Kernel.Lost = started, lost
+	if nb.cur != nil {
+		res.Kernel.ExecutionCount = nb.cur.count
+	}
 	s.sweepAfter()
 	nb.freeze()
 	return res
-}
-
-// countOr is k's last execution count, or def when k is nil.
-func (k *kernel) countOr(def int) int {
-	if k == nil {
-		return def
-	}
-	return k.count
 }
 
 // sweepAfter runs the post-run sweep and logs when it fell short.
@@ -211,7 +206,7 @@ func (nb *notebook) start(ctx context.Context, deadline time.Time) (*kernel, err
 	if err != nil {
 		return nil, fmt.Errorf("kernel dir: %w", err)
 	}
-	k := &kernel{dir: dir, lines: make(chan []byte, 64), skip: make(chan struct{}, 1)}
+	k := &kernel{dir: dir, lines: make(chan []byte, 64), skip: make(chan struct{}, 1), gone: make(chan struct{})}
 	cf, err := writeConnectionFile(dir)
 	if err != nil {
 		os.RemoveAll(dir)
@@ -379,7 +374,11 @@ func (k *kernel) readLines(r *os.File) {
 	for {
 		line, err := readLine(br, maxShimLine)
 		if err == nil {
-			k.lines <- line
+			select {
+			case k.lines <- line:
+			case <-k.gone:
+				return
+			}
 			continue
 		}
 		var tooLong lineTooLongError
@@ -407,8 +406,9 @@ func discardLine(br *bufio.Reader) error {
 }
 
 // kill ends both processes (SIGKILL to their process groups), waits for
-// them (bounded) and removes the kernel's directory.
+// them (bounded) and removes the kernel's directory. Call it once.
 func (k *kernel) kill() {
+	close(k.gone)
 	for _, c := range []*child{k.kern, k.shim} {
 		if c != nil {
 			_ = syscall.Kill(-c.pid, syscall.SIGKILL)
@@ -485,7 +485,7 @@ func (c *cell) apply(m shimMsg) (done bool) {
 		} else {
 			c.write(&c.stdout, m.Text)
 		}
-	case "display":
+	case "display": // update_display_data too: shown again, not replaced
 		kind := DisplayData
 		if m.Kind == DisplayResult {
 			kind = DisplayResult

@@ -1,7 +1,7 @@
 # sandbox-broker agent: the notebook kernel's client.
 #
-# Started by the agent as `python3 -c <this file> CONNECTION_FILE` beside
-# the ipykernel it started with that connection file. It drives the kernel
+# Started by the agent as `python3 -c <this file> CONNECTION_FILE
+# READY_TIMEOUT_S` beside the ipykernel it started with that connection file. It drives the kernel
 # with jupyter_client's BlockingKernelClient (the Jupyter messaging
 # protocol, over ipc sockets in a private directory) and speaks JSON lines
 # with the agent on stdin/stdout:
@@ -23,7 +23,7 @@ import sys
 
 MAX_ITEM = 1 << 20  # one MIME value or stream chunk, in characters
 CHUNK = 64 << 10
-MIME_TYPES = ("text/plain", "text/html", "image/png", "image/jpeg")
+MIME_TYPES = ("text/plain", "text/html", "image/png", "image/jpeg")  # agent.DisplayMIMETypes
 
 _out = sys.stdout
 sys.stdout = sys.stderr  # only send() writes to the agent

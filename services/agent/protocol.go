@@ -10,6 +10,8 @@ package agent
 import (
 	"syscall"
 	"time"
+
+	"github.com/sandbox-broker/sandbox-broker/services/sandbox"
 )
 
 // SocketDir and SocketName locate the agent's socket inside the container.
@@ -35,10 +37,10 @@ type Request struct {
 // Run modes.
 const (
 	// ModeFresh runs the code in a new process, as `python3 main.py` would.
-	ModeFresh = "fresh"
+	ModeFresh = sandbox.ModeFresh
 	// ModeNotebook runs the code as a cell of the agent's Jupyter kernel
 	// (ipykernel), started on first use, which keeps its state across runs.
-	ModeNotebook = "notebook"
+	ModeNotebook = sandbox.ModeNotebook
 )
 
 // Response is the run's outcome.
@@ -84,7 +86,8 @@ const (
 	DisplayData   = "display"
 )
 
-// DisplayMIMETypes are the MIME types a Display may carry.
+// DisplayMIMETypes are the MIME types a Display may carry (kernel_shim.py
+// keeps the same list).
 var DisplayMIMETypes = []string{"text/plain", "text/html", "image/png", "image/jpeg"}
 
 // Exception is Jupyter's error content without the traceback.

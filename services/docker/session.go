@@ -117,7 +117,7 @@ func (s *Session) Exec(ctx context.Context, req sandbox.ExecRequest) (sandbox.Ex
 	if err != nil {
 		// The agent is gone, hung or the caller gave up: this container's
 		// state is unknown, so it goes; the next Exec starts a new one.
-		s.retireLocked(r.Language, c, "the sandbox stopped responding and was replaced")
+		s.retireLocked(r.Language, c, sandbox.LostUnresponsive)
 		switch {
 		case hardStop:
 			e.log.Warn().Str("container", shortID(c.dockerID)).Dur("timeout", timeout).Msg("sandbox missed its deadline; killed")
@@ -137,9 +137,6 @@ func (s *Session) Exec(ctx context.Context, req sandbox.ExecRequest) (sandbox.Ex
 	res.Changed = w.ChangedFiles(before)
 	if !res.TimedOut && (resp.Signal == "SIGKILL" || resp.ExitCode == 137) {
 		res.OOMKilled = e.wasOOMKilled(ctx, c, oomBefore)
-	}
-	if res.OOMKilled && res.Kernel != nil && res.Kernel.Ended != "" {
-		res.Kernel.Ended = "the sandbox ran out of memory and the kernel was killed"
 	}
 	s.kernel.Observe(&res)
 	// A run that timed out or hit the OOM killer may have left the
@@ -163,11 +160,11 @@ func (s *Session) Exec(ctx context.Context, req sandbox.ExecRequest) (sandbox.Ex
 func retireReason(res sandbox.ExecResult) string {
 	switch {
 	case res.TimedOut:
-		return "a run timed out and the sandbox was replaced"
+		return sandbox.LostTimeout
 	case res.OOMKilled:
-		return "a run ran out of memory and the sandbox was replaced"
+		return sandbox.LostOOM
 	}
-	return "a run left processes behind and the sandbox was replaced"
+	return sandbox.LostStrays
 }
 
 // retireLocked removes the session's container c for lang in the
@@ -190,7 +187,7 @@ func (s *Session) containerLocked(ctx context.Context, r runnerImage) (*ctr, err
 	if c != nil && c.gone.Load() {
 		delete(s.ctrs, r.Language)
 		if r.Language == agent.LangPython {
-			s.kernel.Lost("the sandbox was stopped")
+			s.kernel.Lost(sandbox.LostStopped)
 		}
 		c = nil
 	}
@@ -303,7 +300,7 @@ func (s *Session) watchQuota(ctx context.Context, w *workspace.Workspace, c *ctr
 // reports QUOTA_EXCEEDED.
 func (s *Session) quotaExceeded(w *workspace.Workspace, before map[string]workspace.FileStamp, lang string, c *ctr, dur time.Duration) (sandbox.ExecResult, error) {
 	w.RemoveChanged(before)
-	s.retireLocked(lang, c, "a run exceeded the workspace quota and the sandbox was replaced")
+	s.retireLocked(lang, c, sandbox.LostQuota)
 	l := w.Limits()
 	return sandbox.ExecResult{Duration: dur, ExitCode: -1}, brokererr.New(brokererr.QuotaExceeded,
 		"the workspace exceeded its quota (%d files, %d MiB); the run was stopped and the files it wrote were removed", l.MaxFiles, l.MaxBytes>>20)
@@ -386,7 +383,7 @@ func (s *Session) Release(ctx context.Context) error {
 	if err := s.removeAll(ctx); err != nil {
 		return brokererr.Wrap(err, brokererr.Unavailable, "cannot remove the sandbox containers")
 	}
-	s.kernel.Lost("the session's sandbox was released while idle")
+	s.kernel.Lost(sandbox.LostIdle)
 	return nil
 }
 

@@ -86,7 +86,7 @@ func (s *Session) sandbox(ctx context.Context) (*sbx, error) {
 	}
 	if s.sb != nil {
 		s.b.log.Info().Str("sandbox", s.sb.id).Msg("sandbox_died_restarting")
-		s.kernel.Lost("the sandbox died")
+		s.kernel.Lost(sandbox.LostStopped)
 		_ = s.b.stop(ctx, s.sb)
 		s.sb = nil
 	}
@@ -171,7 +171,7 @@ func (s *Session) Exec(ctx context.Context, req sandbox.ExecRequest) (sandbox.Ex
 	if err != nil {
 		// The agent is gone, hung or the caller gave up: the sandbox's
 		// state is unknown, so it goes; the next Exec starts a new one.
-		s.retire(sb, "the sandbox stopped responding and was replaced")
+		s.retire(sb, sandbox.LostUnresponsive)
 		switch {
 		case hardStop:
 			s.b.log.Warn().Str("sandbox", sb.id).Dur("timeout", timeout).Msg("sandbox_missed_deadline_killed")
@@ -191,22 +191,19 @@ func (s *Session) Exec(ctx context.Context, req sandbox.ExecRequest) (sandbox.Ex
 	if !res.TimedOut && (resp.Signal == "SIGKILL" || resp.ExitCode == 137) && oomBefore >= 0 {
 		res.OOMKilled = sb.cg.oomKills() > oomBefore
 	}
-	if res.OOMKilled && res.Kernel != nil && res.Kernel.Ended != "" {
-		res.Kernel.Ended = "the sandbox ran out of memory and the kernel was killed"
-	}
 	s.kernel.Observe(&res)
 	// A run that timed out, hit the OOM killer or left processes behind
 	// may have left the sandbox in a bad state: the next run gets a fresh
 	// one. Files in the workspace stay.
 	switch {
 	case res.TimedOut:
-		s.retire(sb, "a run timed out and the sandbox was replaced")
+		s.retire(sb, sandbox.LostTimeout)
 	case res.OOMKilled:
-		s.retire(sb, "a run ran out of memory and the sandbox was replaced")
+		s.retire(sb, sandbox.LostOOM)
 	case !sb.alive():
-		s.retire(sb, "the sandbox died")
+		s.retire(sb, sandbox.LostStopped)
 	case s.hasStrays(sb, sessionsBefore):
-		s.retire(sb, "a run left processes behind and the sandbox was replaced")
+		s.retire(sb, sandbox.LostStrays)
 	}
 	return res, nil
 }
@@ -244,7 +241,7 @@ func (s *Session) openWorkspace() (*workspace.Workspace, error) {
 // quotaExceeded removes what the run wrote, retires the sandbox and
 // reports QUOTA_EXCEEDED.
 func (s *Session) quotaExceeded(w *workspace.Workspace, before map[string]workspace.FileStamp, sb *sbx, dur time.Duration) (sandbox.ExecResult, error) {
-	s.retire(sb, "a run exceeded the workspace quota and the sandbox was replaced")
+	s.retire(sb, sandbox.LostQuota)
 	w.RemoveChanged(before)
 	l := w.Limits()
 	return sandbox.ExecResult{Duration: dur, ExitCode: -1}, brokererr.New(brokererr.QuotaExceeded,
@@ -308,7 +305,7 @@ func (s *Session) stopLocked(ctx context.Context) error {
 func (s *Session) Release(ctx context.Context) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.kernel.Lost("the session's sandbox was released while idle")
+	s.kernel.Lost(sandbox.LostIdle)
 	return s.stopLocked(ctx)
 }
 

@@ -2,6 +2,17 @@ package sandbox
 
 import "sync"
 
+// Why the sandbox that held a session's kernel went (KernelLedger.Lost).
+const (
+	LostTimeout      = "a run timed out and the sandbox was replaced"
+	LostOOM          = "a run ran out of memory and the sandbox was replaced"
+	LostStrays       = "a run left processes behind and the sandbox was replaced"
+	LostQuota        = "a run exceeded the workspace quota and the sandbox was replaced"
+	LostUnresponsive = "the sandbox stopped responding and was replaced"
+	LostStopped      = "the sandbox was stopped"
+	LostIdle         = "the session's sandbox was released while idle"
+)
+
 // KernelLedger is a session's memory of its notebook kernel across
 // sandbox restarts. The agent that ran a kernel may be gone with its
 // container, so the session itself notes that a kernel ran and why it was
@@ -26,11 +37,14 @@ func (l *KernelLedger) Lost(reason string) {
 
 // Observe updates the ledger with a notebook run's result and completes
 // its Kernel status: StateLost and Reason when the run had to start a new
-// kernel after an earlier one.
+// kernel after an earlier one, and an OOM kill named as such.
 func (l *KernelLedger) Observe(r *ExecResult) {
 	k := r.Kernel
 	if k == nil {
 		return
+	}
+	if r.OOMKilled && k.Ended != "" {
+		k.Ended = "the sandbox ran out of memory and the kernel was killed"
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()

@@ -1,6 +1,9 @@
 package sandbox
 
-import "testing"
+import (
+	"strings"
+	"testing"
+)
 
 func TestKernelLedgerTellsWhyStateWasLost(t *testing.T) {
 	l := &KernelLedger{}
@@ -30,6 +33,12 @@ func TestKernelLedgerTellsWhyStateWasLost(t *testing.T) {
 	// The agent saw its kernel die between runs; the broker knew nothing.
 	if k := run(KernelStatus{Started: true, Reason: "the kernel was killed by SIGKILL"}); !k.StateLost || k.Reason != "the kernel was killed by SIGKILL" {
 		t.Fatalf("after a kill between runs: %+v", k)
+	}
+	// A kernel killed by the OOM killer is named as such.
+	r := ExecResult{OOMKilled: true, Kernel: &KernelStatus{Ended: "the kernel was killed by SIGKILL"}}
+	l.Observe(&r)
+	if k := run(KernelStatus{Started: true}); !strings.Contains(k.Reason, "out of memory") || !strings.Contains(r.Kernel.Ended, "out of memory") {
+		t.Fatalf("after an OOM kill: %+v, then %+v", r.Kernel, k)
 	}
 	// Fresh runs leave the ledger alone.
 	l.Observe(&ExecResult{})
