@@ -199,3 +199,15 @@ func TestNotebookKernelIsStoppedBetweenRuns(t *testing.T) {
 		t.Fatalf("cell after the freeze: %+v %+v", r, r.Displays)
 	}
 }
+
+// BenchmarkNotebookCell is a warm cell through the agent alone (socket,
+// shim, kernel, sweep, freeze): what notebook mode adds below the broker.
+func BenchmarkNotebookCell(b *testing.B) {
+	ta := notebookAgent(b)
+	ta.run(b, cellReq("1"))
+	for b.Loop() {
+		if r := ta.run(b, cellReq("print(1)")); string(r.Stdout) != "1\n" || r.Kernel.Started {
+			b.Fatalf("%+v", r)
+		}
+	}
+}
