@@ -2,7 +2,9 @@ package tests
 
 import (
 	"bytes"
+	"context"
 	"encoding/base64"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -254,6 +256,56 @@ func TestFreshRunFiguresComeBackAsImages(t *testing.T) {
 			"code": "import matplotlib.pyplot as plt\nplt.plot([1, 2]); plt.show()\nplt.figure(); plt.plot([2, 1])\nprint('done')"})
 		if n := len(images(t, res)); n != 2 || !r.Success || len(r.Files) != 0 {
 			t.Fatalf("fresh figures: %d images, %+v", n, r)
+		}
+	})
+}
+
+func TestNotebookKernelGoesWithIdleSandboxAndNextCallSaysSo(t *testing.T) {
+	backends(t, map[string]string{"SANDBOX_IDLE_TIMEOUT_MS": "1000"}, func(t *testing.T, backend string, b *Broker, c *client.Client) {
+		requireHostPlotting(t, backend)
+		r, _ := cell(t, c, "", "x = 1", nil)
+		deadline := time.Now().Add(30 * time.Second)
+		for !strings.Contains(b.Logs(), "session_idle_released") {
+			if time.Now().After(deadline) {
+				t.Fatal("the idle session was not released")
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		r, _ = cell(t, c, r.SessionID, "'x' in globals()", nil)
+		if r.Result != "False" || !r.Kernel.New || !r.Kernel.StateLost || !strings.Contains(r.Kernel.Note, "idle") {
+			t.Fatalf("after the idle release: %+v %+v", r, r.Kernel)
+		}
+	})
+}
+
+func TestNotebookCallsInOneSessionAreSerialized(t *testing.T) {
+	backends(t, nil, func(t *testing.T, backend string, b *Broker, c *client.Client) {
+		requireHostPlotting(t, backend)
+		r, _ := cell(t, c, "", "import time\nspans = []", nil)
+		errs := make(chan error, 3)
+		for range 3 {
+			go func() { // no t.Fatal off the test goroutine
+				ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+				defer cancel()
+				var req mcp.CallToolRequest
+				req.Params.Name = "run_code"
+				req.Params.Arguments = map[string]any{"session_id": r.SessionID, "language": "python", "mode": "notebook",
+					"code": "t0 = time.monotonic(); time.sleep(0.3); spans.append((t0, time.monotonic()))"}
+				res, err := c.CallTool(ctx, req)
+				if err == nil && res.IsError {
+					err = fmt.Errorf("run_code: %+v", res.Content)
+				}
+				errs <- err
+			}()
+		}
+		for range 3 {
+			if err := <-errs; err != nil {
+				t.Fatal(err)
+			}
+		}
+		r, _ = cell(t, c, r.SessionID, "s = sorted(spans); len(s) == 3 and all(a[1] <= b[0] for a, b in zip(s, s[1:]))", nil)
+		if r.Result != "True" {
+			t.Fatalf("cells overlapped or went missing: %+v", r)
 		}
 	})
 }
