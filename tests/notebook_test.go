@@ -309,3 +309,40 @@ func TestNotebookCallsInOneSessionAreSerialized(t *testing.T) {
 		}
 	})
 }
+
+// A cell's child whose leader thread exits while another thread runs on
+// looks like a zombie to the agent's sweep; the broker's host-side check
+// must still find it, in the kernel's session as in any other.
+func TestNotebookZombieLeaderThreadsDoNotSurvive(t *testing.T) {
+	backends(t, nil, func(t *testing.T, backend string, b *Broker, c *client.Client) {
+		requireHostPlotting(t, backend)
+		for _, setsid := range []string{"", "os.setsid()"} {
+			r, _ := cell(t, c, "", `
+import ctypes, os, threading, time
+libc = ctypes.CDLL(None)
+if os.fork() == 0:
+    `+setsid+`
+    libc.prctl(15, b"zombieleader", 0, 0, 0)  # PR_SET_NAME, inherited by new threads
+    threading.Thread(target=lambda: time.sleep(1000)).start()
+    libc.pthread_exit(None)
+time.sleep(0.3)
+print("spawned")`, nil)
+			if strings.TrimSpace(r.Stdout) != "spawned" {
+				t.Fatalf("spawn: %+v", r)
+			}
+			r2, _ := run(t, c, map[string]any{"session_id": r.SessionID, "language": "python", "code": `
+import glob
+live = 0
+for d in glob.glob("/proc/[0-9]*/task/[0-9]*"):
+    try:
+        st = open(d + "/stat").read()
+        if open(d + "/comm").read().strip() == "zombieleader" and st[st.rindex(")") + 2] not in "ZX":
+            live += 1
+    except (OSError, ValueError): pass
+print(live)`})
+			if strings.TrimSpace(r2.Stdout) != "0" {
+				t.Fatalf("%q: threads of a zombie leader survived the cell: %+v", setsid, r2)
+			}
+		}
+	})
+}

@@ -22,15 +22,15 @@ import (
 // BlockingKernelClient that speaks JSON lines with the agent: the Jupyter
 // messaging protocol is the maintained one's, over ipc (Unix) sockets in a
 // private directory under the sandbox's /tmp, so it needs no network, not
-// even loopback. Both processes live in the agent's own session, each
-// leading a process group of its own: a process group leader cannot start a
-// new session, so the kernel never shows up as a session the host's stray
-// check has not seen, while anything a cell leaves behind is killed by the
-// sweep (which spares the two, see notebookProcs) or, if it starts a
-// session of its own, found by the host. Between runs both are stopped
-// (SIGSTOP), so no code of the session runs while no call is in progress.
-// A timeout, a dead kernel or a dead shim kills both; the next notebook run
-// starts a new kernel and says why the old one went.
+// even loopback. The kernel leads a session of its own, and the shim, which
+// runs no code of the session, a process group in the agent's session. The
+// sweep after every run spares the two (see notebookProcs) and kills
+// everything else, the kernel's children included; the broker's host-side
+// check then holds the kernel's session to the kernel alone (see Strays).
+// Between runs both are stopped (SIGSTOP), so no code of the session runs
+// while no call is in progress. A timeout, a dead kernel or a dead shim
+// kills both; the next notebook run starts a new kernel and says why the
+// old one went.
 
 //go:embed kernel_shim.py
 var kernelShim string
@@ -223,7 +223,7 @@ func (nb *notebook) start(ctx context.Context, deadline time.Time) (*kernel, err
 		// debugpy, which ipykernel imports, warns about frozen modules.
 		"PYDEVD_DISABLE_FILE_VALIDATION": "1",
 	})
-	k.kern, err = s.startChild(&exec.Cmd{
+	k.kern, err = s.startChild(true, &exec.Cmd{
 		Path:   bin,
 		Args:   append([]string{"python3", "-m", "ipykernel_launcher", "-f", cf}, kernelArgs...),
 		Env:    env,
@@ -249,7 +249,7 @@ func (nb *notebook) start(ctx context.Context, deadline time.Time) (*kernel, err
 		return nil, err
 	}
 	wait := time.Until(deadline).Seconds()
-	k.shim, err = s.startChild(&exec.Cmd{
+	k.shim, err = s.startChild(false, &exec.Cmd{
 		Path:   bin,
 		Args:   []string{"python3", "-c", kernelShim, cf, strconv.FormatFloat(max(wait, 1), 'f', 1, 64)},
 		Env:    s.opts.Env,
@@ -337,10 +337,10 @@ func writeConnectionFile(dir string) (string, error) {
 	return p, nil
 }
 
-// startChild starts c leading a process group of its own in the agent's
-// session and registers it with the sweep as a notebook process.
-func (s *Server) startChild(c *exec.Cmd) (*child, error) {
-	c.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+// startChild starts c leading a session (setsid) or else a process group
+// of its own, and registers it with the sweep as a notebook process.
+func (s *Server) startChild(setsid bool, c *exec.Cmd) (*child, error) {
+	c.SysProcAttr = &syscall.SysProcAttr{Setsid: setsid, Setpgid: !setsid}
 	c.WaitDelay = time.Second
 	spawnMu.Lock()
 	err := c.Start()

@@ -406,6 +406,9 @@ type ctr struct {
 	// gone is set when a job's quota watcher removed the container; the
 	// session drops it on its next use.
 	gone atomic.Bool
+	// kernelSID is the host session ID of its notebook kernel (see
+	// agent.Strays); guarded by the owning session's mu.
+	kernelSID int
 }
 
 func (c *ctr) socket() string { return filepath.Join(c.runDir, agent.SocketName) }
@@ -670,11 +673,11 @@ func (e *Engine) oomKills(c *ctr) int64 {
 	return -1
 }
 
-// sessions returns the session IDs of every thread in the container, read
-// from the host's /proc (nil when it cannot tell). Threads, not processes:
-// cgroup.procs omits a process whose leader thread exited while its other
-// threads run on.
-func (e *Engine) sessions(c *ctr) map[int]bool {
+// sessions maps the session ID of every live thread in the container to
+// its threads, read from the host's /proc (nil when it cannot tell).
+// Threads, not processes: cgroup.procs omits a process whose leader thread
+// exited while its other threads run on.
+func (e *Engine) sessions(c *ctr) map[int][]int {
 	b, err := os.ReadFile(filepath.Join(cgroupRoot, "pids", "docker", c.dockerID, "tasks"))
 	if err != nil {
 		return nil
@@ -685,10 +688,10 @@ func (e *Engine) sessions(c *ctr) map[int]bool {
 			pids = append(pids, tid)
 		}
 	}
-	out := make(map[int]bool, len(pids))
+	out := make(map[int][]int, len(pids))
 	for _, pid := range pids {
 		if sid, ok := liveSessionID(pid); ok {
-			out[sid] = true
+			out[sid] = append(out[sid], pid)
 		}
 	}
 	return out

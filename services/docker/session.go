@@ -150,7 +150,7 @@ func (s *Session) Exec(ctx context.Context, req sandbox.ExecRequest) (sandbox.Ex
 		if res.TimedOut || res.OOMKilled {
 			e.log.Info().Str("container", shortID(c.dockerID)).Bool("timed_out", res.TimedOut).Bool("oom_killed", res.OOMKilled).Msg("sandbox_kept_for_jobs")
 		}
-	} else if res.TimedOut || res.OOMKilled || e.hasStrays(c, sessionsBefore) {
+	} else if res.TimedOut || res.OOMKilled || e.hasStrays(c, sessionsBefore, res.Kernel) {
 		s.retireLocked(r.Language, c, retireReason(res))
 	}
 	return res, nil
@@ -242,21 +242,19 @@ func (e *Engine) wasOOMKilled(ctx context.Context, c *ctr, before int64) bool {
 }
 
 // hasStrays reports processes left after a run, read from the host's /proc
-// rather than from the (untrusted) agent. Every run starts in a session of
-// its own, while the container's infrastructure (init, agent, zygote and
-// its idle spare) lives in sessions that existed before the run; so any
-// process in a session absent from before is something the run left.
-func (e *Engine) hasStrays(c *ctr, before map[int]bool) bool {
+// rather than from the (untrusted) agent (see agent.Strays); it also keeps
+// track of the container's notebook kernel session. Caller holds s.mu.
+func (e *Engine) hasStrays(c *ctr, before map[int][]int, kernel *sandbox.KernelStatus) bool {
 	if before == nil {
 		return false // cannot tell (no cgroup v1 pids controller visible)
 	}
-	for sid := range e.sessions(c) {
-		if !before[sid] {
-			e.log.Info().Str("container", shortID(c.dockerID)).Int("session", sid).Int("sessions_before", len(before)).Msg("sandbox_strays_found")
-			return true
-		}
+	started := kernel != nil && kernel.Started && kernel.Ended == ""
+	stray, sid := agent.Strays(before, e.sessions(c), c.kernelSID, started)
+	c.kernelSID = sid
+	if stray {
+		e.log.Info().Str("container", shortID(c.dockerID)).Int("sessions_before", len(before)).Msg("sandbox_strays_found")
 	}
-	return false
+	return stray
 }
 
 // openWorkspace opens the session's workspace, creating it on first use;

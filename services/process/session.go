@@ -202,27 +202,28 @@ func (s *Session) Exec(ctx context.Context, req sandbox.ExecRequest) (sandbox.Ex
 		s.retire(sb, sandbox.LostOOM)
 	case !sb.alive():
 		s.retire(sb, sandbox.LostStopped)
-	case s.hasStrays(sb, sessionsBefore):
+	case s.hasStrays(sb, sessionsBefore, res.Kernel):
 		s.retire(sb, sandbox.LostStrays)
 	}
 	return res, nil
 }
 
 // hasStrays reports processes a run left, read from the host's /proc
-// rather than from the (untrusted) agent: any live thread in a session
-// that did not exist before the run. Live jobs are not strays (a job
-// started during the run would be; the sandbox is then replaced).
-func (s *Session) hasStrays(sb *sbx, before map[int]bool) bool {
+// rather than from the (untrusted) agent (see agent.Strays), and keeps
+// track of the sandbox's notebook kernel session. Live jobs are not strays
+// (a job started during the run would be; the sandbox is then replaced).
+// Caller holds runMu.
+func (s *Session) hasStrays(sb *sbx, before map[int][]int, kernel *sandbox.KernelStatus) bool {
 	if before == nil {
 		return false
 	}
-	for sid := range sb.sessions() {
-		if !before[sid] {
-			s.b.log.Info().Str("sandbox", sb.id).Int("session", sid).Msg("sandbox_strays_found")
-			return true
-		}
+	started := kernel != nil && kernel.Started && kernel.Ended == ""
+	stray, sid := agent.Strays(before, sb.sessions(), sb.kernelSID, started)
+	sb.kernelSID = sid
+	if stray {
+		s.b.log.Info().Str("sandbox", sb.id).Msg("sandbox_strays_found")
 	}
-	return false
+	return stray
 }
 
 // openWorkspace opens the session's workspace, creating it on first use.
