@@ -19,14 +19,13 @@ import (
 const (
 	// DisplayScheme names a rich output inside the one result that carries
 	// it; such a URI is not readable with resources/read.
-	DisplayScheme     = "sandbox-display://"
-	maxDisplayImages  = 8
-	maxResultText     = maxStreamBytes // a cell's result, text/plain
-	maxDisplayText    = 4 << 10        // other displays' text/plain
-	maxHTMLInput      = 256 << 10      // larger HTML is not even parsed
-	maxHTMLOutput     = 64 << 10       // one sanitized HTML value
-	maxHTMLTotal      = 128 << 10
-	displayKindResult = "result"
+	DisplayScheme    = "sandbox-display://"
+	maxDisplayImages = 8
+	maxResultText    = maxStreamBytes // a cell's result, text/plain
+	maxDisplayText   = 4 << 10        // other displays' text/plain
+	maxHTMLInput     = 256 << 10      // larger HTML is not even parsed
+	maxHTMLOutput    = 64 << 10       // one sanitized HTML value
+	maxHTMLTotal     = 128 << 10
 )
 
 // DisplayRef is one rich output in the structured result. The images and
@@ -129,11 +128,11 @@ func displaysResult(sessionID string, execCount int, list []sandbox.Display, ref
 		ref := DisplayRef{Kind: d.Kind, MIMETypes: slices.Sorted(maps.Keys(d.Data))}
 		if text, ok := d.Data["text/plain"]; ok {
 			max := maxDisplayText
-			if d.Kind == displayKindResult {
+			if d.Kind == sandbox.DisplayResult {
 				max = maxResultText
 			}
 			ref.Text, _ = cleanOutput(text, max)
-			if d.Kind == displayKindResult {
+			if d.Kind == sandbox.DisplayResult {
 				*result = ref.Text
 			}
 		}

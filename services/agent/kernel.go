@@ -49,7 +49,6 @@ var kernelArgs = []string{"--HistoryManager.enabled=False", "--InteractiveShell.
 
 // child is a process the agent started and waits for.
 type child struct {
-	cmd   *exec.Cmd
 	pid   int
 	done  chan struct{} // closed once waited for; state is then set
 	state *os.ProcessState
@@ -351,7 +350,7 @@ func (s *Server) startChild(setsid bool, c *exec.Cmd) (*child, error) {
 	if err != nil {
 		return nil, err
 	}
-	ch := &child{cmd: c, pid: c.Process.Pid, done: make(chan struct{})}
+	ch := &child{pid: c.Process.Pid, done: make(chan struct{})}
 	go func() {
 		_ = c.Wait()
 		spawnMu.Lock()

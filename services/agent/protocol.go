@@ -82,8 +82,8 @@ type Display struct {
 
 // Display kinds.
 const (
-	DisplayResult = "result"
-	DisplayData   = "display"
+	DisplayResult = sandbox.DisplayResult
+	DisplayData   = sandbox.DisplayData
 )
 
 // DisplayMIMETypes are the MIME types a Display may carry (kernel_shim.py

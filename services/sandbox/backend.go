@@ -68,9 +68,17 @@ type ExecResult struct {
 // Display is one rich output as a MIME bundle; image values are decoded
 // bytes, text values UTF-8 as the sandbox sent them (unclean).
 type Display struct {
-	Kind string // "result" (a cell's last expression) or "display"
+	Kind string // DisplayResult or DisplayData
 	Data map[string][]byte
 }
+
+// Display kinds: a notebook cell's last expression (Jupyter's
+// execute_result), or anything else shown (display_data: display(),
+// figures).
+const (
+	DisplayResult = "result"
+	DisplayData   = "display"
+)
 
 // Exception names a notebook cell's uncaught exception.
 type Exception struct {
