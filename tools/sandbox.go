@@ -138,6 +138,7 @@ type RunCodeArgs struct {
 	Language       string `json:"language" validate:"required,max=32,clean" audit:"clear" desc:"Runner language; list_runners shows what is available (python, typescript, bash)."`
 	Code           string `json:"code" validate:"required,max=262144,clean" desc:"Source code to run. The working directory is /mnt/data (also /data), which persists for the session."`
 	TimeoutS       int    `json:"timeout_s,omitempty" validate:"omitempty,min=1" desc:"Wall-clock limit in seconds (default 60)."`
+	Mode           string `json:"mode,omitempty" validate:"omitempty,oneof=fresh notebook" audit:"clear" desc:"fresh (default): a new process per run. notebook (python only): a cell of the session's Jupyter kernel, which keeps variables and imports between calls and shows the last expression's value, figures and rich displays. A timeout or out-of-memory kill ends the kernel and its state."`
 }
 
 // RunCodeResult is run_code's structured output.
@@ -154,12 +155,20 @@ type RunCodeResult struct {
 	OOMKilled  bool      `json:"oom_killed"`
 	Truncated  bool      `json:"truncated"`
 	Files      []FileRef `json:"files"`
+	// Rich output: Result is the text of a notebook cell's last
+	// expression; Displays lists every result, display and figure, whose
+	// images and HTML follow as content.
+	Result          string        `json:"result,omitempty"`
+	Displays        []DisplayRef  `json:"displays,omitempty"`
+	DisplaysOmitted int           `json:"displays_omitted,omitempty"`
+	Exception       *ExceptionRef `json:"exception,omitempty"`
+	Kernel          *KernelRef    `json:"kernel,omitempty"`
 }
 
 // RunCode runs code in the caller's session sandbox.
 func RunCode(e *Engine) ServerTool {
 	return newTool("run_code",
-		"Run Python, TypeScript or Bash code in your session's sandbox (no network). Files written under /mnt/data persist for the session; new or changed files come back as sandbox:// resource links (read them with resources/read), images also inline, plus signed download links when the broker has a public URL.",
+		"Run Python, TypeScript or Bash code in your session's sandbox (no network). Files written under /mnt/data persist for the session; new or changed files come back as sandbox:// resource links (read them with resources/read), images also inline, plus signed download links when the broker has a public URL. Matplotlib figures a Python run shows or leaves open come back as images. mode=notebook runs Python in the session's persistent Jupyter kernel (state kept between calls, last expression displayed).",
 		512<<10, writeAnnotations("Run code", false, false),
 		func(ctx context.Context, p identity.Principal, a *RunCodeArgs) (*mcp.CallToolResult, error) {
 			if err := e.ready(); err != nil {
@@ -171,6 +180,9 @@ func RunCode(e *Engine) ServerTool {
 			}
 			if err := e.checkLanguage(ctx, a.Language); err != nil {
 				return nil, err
+			}
+			if a.Mode == sandbox.ModeNotebook && a.Language != "python" {
+				return nil, brokererr.New(brokererr.InvalidInput, "mode notebook runs python only; use mode fresh for %s", a.Language)
 			}
 			timeout := e.DefaultTimeout
 			if a.TimeoutS > 0 { // at most SANDBOX_MAX_TIMEOUT: timeoutRule
@@ -188,7 +200,7 @@ func RunCode(e *Engine) ServerTool {
 			defer lease.Release()
 			hold.started()
 			stop := newNotifier(ctx, e.Redact).tick(ctx, "run_code", time.Second)
-			res, err := lease.Session.Exec(ctx, sandbox.ExecRequest{Language: a.Language, Code: a.Code, Timeout: timeout, MaxOutputBytes: maxAgentBytes})
+			res, err := lease.Session.Exec(ctx, sandbox.ExecRequest{Language: a.Language, Code: a.Code, Timeout: timeout, MaxOutputBytes: maxAgentBytes, Mode: a.Mode})
 			stop()
 			hold.settle(res.Duration) // spent time counts even when the run failed
 			if err != nil {
@@ -202,7 +214,10 @@ func RunCode(e *Engine) ServerTool {
 			out.Truncated = out.Truncated || t1 || t2
 			out.Output = joinOutput(out.Stdout, out.Stderr)
 			out.Success = res.ExitCode == 0 && !res.TimedOut && !res.OOMKilled && res.Signal == ""
-			return prependJSON(e.filesResult(ctx, lease, res.Changed, &out.Files), out)
+			shown := richOutput(&out, lease.ID, res)
+			files := e.filesResult(ctx, lease, res.Changed, &out.Files)
+			files.Content = append(shown, files.Content...)
+			return prependJSON(files, out)
 		}).withRules(timeoutRule("timeout_s", e))
 }
 

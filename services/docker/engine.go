@@ -116,6 +116,8 @@ type Engine struct {
 	cancel context.CancelFunc
 	bg     sync.WaitGroup // pool fillers and background removals
 	st     stats
+
+	kernels sandbox.KernelLedgers // by workspace ID
 }
 
 type runnerImage struct {
@@ -416,10 +418,13 @@ type ctr struct {
 	// what the last stray check found (see sessionsBefore), guarded by the
 	// owning session's mu.
 	monitor  *sessionMonitor
-	sessions map[int]bool
+	sessions map[int][]int
 	// died is closed when the watcher learns the container died.
 	died     chan struct{}
 	diedOnce sync.Once
+	// kernelSID is the host session ID of its notebook kernel (see
+	// agent.Strays); guarded by the owning session's mu.
+	kernelSID int
 }
 
 // markDied records that the container is dead.
@@ -724,11 +729,11 @@ func (e *Engine) oomKills(c *ctr) int64 {
 	return -1
 }
 
-// sessions returns the session IDs of every thread in the container, read
-// from the host's /proc (nil when it cannot tell). Threads, not processes:
-// cgroup.procs omits a process whose leader thread exited while its other
-// threads run on.
-func (e *Engine) sessions(c *ctr) map[int]bool {
+// sessions maps the session ID of every live thread in the container to
+// its threads, read from the host's /proc (nil when it cannot tell).
+// Threads, not processes: cgroup.procs omits a process whose leader thread
+// exited while its other threads run on.
+func (e *Engine) sessions(c *ctr) map[int][]int {
 	b, err := os.ReadFile(filepath.Join(cgroupRoot, "pids", "docker", c.dockerID, "tasks"))
 	if err != nil {
 		return nil
@@ -739,10 +744,10 @@ func (e *Engine) sessions(c *ctr) map[int]bool {
 			pids = append(pids, tid)
 		}
 	}
-	out := make(map[int]bool, len(pids))
+	out := make(map[int][]int, len(pids))
 	for _, pid := range pids {
 		if sid, ok := liveSessionID(pid); ok {
-			out[sid] = true
+			out[sid] = append(out[sid], pid)
 		}
 	}
 	return out

@@ -28,6 +28,8 @@ type Session struct {
 	ctrs      map[string]*ctr
 	uid       int // host uid (and gid) of its containers; 0 until leased
 	destroyed bool
+
+	kernel *sandbox.KernelLedger // the notebook kernel in its python container
 }
 
 var _ sandbox.Session = (*Session)(nil)
@@ -46,7 +48,7 @@ func (e *Engine) Open(ctx context.Context, ref sandbox.SessionRef) (sandbox.Sess
 	if closed {
 		return nil, brokererr.New(brokererr.Unavailable, "the Docker engine is shut down")
 	}
-	return &Session{e: e, ref: ref, ctrs: map[string]*ctr{}}, nil
+	return &Session{e: e, ref: ref, ctrs: map[string]*ctr{}, kernel: e.kernels.Get(ref.WorkspaceID)}, nil
 }
 
 func validWorkspaceID(s string) bool {
@@ -125,6 +127,7 @@ func (s *Session) execLocked(ctx context.Context, r runnerImage, req sandbox.Exe
 		Code:           req.Code,
 		TimeoutMS:      max(timeout.Milliseconds(), 1),
 		MaxOutputBytes: req.MaxOutputBytes,
+		Mode:           req.Mode,
 	})
 	hardStop := rctx.Err() != nil && ctx.Err() == nil
 	cancel()
@@ -137,7 +140,7 @@ func (s *Session) execLocked(ctx context.Context, r runnerImage, req sandbox.Exe
 		// The agent is gone, hung or the caller gave up: this container's
 		// state is unknown, so it goes; the next Exec starts a new one.
 		oom := !hardStop && ctx.Err() == nil && e.lostToOOM(ctx, c, oomBefore)
-		s.dropLocked(c)
+		s.retireLocked(r.Language, c, sandbox.LostUnresponsive)
 		switch {
 		case oom:
 			e.log.Info().Str("container", shortID(c.dockerID)).Msg("sandbox_oom_killed")
@@ -161,6 +164,7 @@ func (s *Session) execLocked(ctx context.Context, r runnerImage, req sandbox.Exe
 	if !res.TimedOut && (resp.Signal == "SIGKILL" || resp.ExitCode == 137) {
 		res.OOMKilled = e.wasOOMKilled(ctx, c, oomBefore)
 	}
+	s.kernel.Observe(&res)
 	// A run that timed out or hit the OOM killer may have left the
 	// container in a bad state (stray processes, half-written /tmp): the
 	// next run gets a fresh container. Files in the workspace stay.
@@ -172,11 +176,33 @@ func (s *Session) execLocked(ctx context.Context, r runnerImage, req sandbox.Exe
 		if res.TimedOut || res.OOMKilled {
 			e.log.Info().Str("container", shortID(c.dockerID)).Bool("timed_out", res.TimedOut).Bool("oom_killed", res.OOMKilled).Msg("sandbox_kept_for_jobs")
 		}
-	} else if res.TimedOut || res.OOMKilled || e.hasStrays(c, sessionsBefore) {
-		delete(s.ctrs, r.Language)
-		e.removeAsync(c)
+	} else if res.TimedOut || res.OOMKilled || e.hasStrays(c, sessionsBefore, res.Kernel) {
+		s.retireLocked(r.Language, c, retireReason(res))
 	}
 	return res, nil
+}
+
+// retireReason says why a run's container is replaced.
+func retireReason(res sandbox.ExecResult) string {
+	switch {
+	case res.TimedOut:
+		return sandbox.LostTimeout
+	case res.OOMKilled:
+		return sandbox.LostOOM
+	}
+	return sandbox.LostStrays
+}
+
+// retireLocked removes the session's container c for lang in the
+// background; the next Exec starts a new one. Caller holds s.mu.
+func (s *Session) retireLocked(lang string, c *ctr, why string) {
+	if s.ctrs[lang] == c {
+		delete(s.ctrs, lang)
+	}
+	if lang == agent.LangPython {
+		s.kernel.Lost(why)
+	}
+	s.e.removeAsync(c)
 }
 
 // containerLocked returns the session's container for r, starting or
@@ -186,6 +212,9 @@ func (s *Session) containerLocked(ctx context.Context, r runnerImage) (*ctr, err
 	c := s.ctrs[r.Language]
 	if c != nil && c.gone.Load() {
 		delete(s.ctrs, r.Language)
+		if r.Language == agent.LangPython {
+			s.kernel.Lost(sandbox.LostStopped)
+		}
 		c = nil
 	}
 	if c == nil {
@@ -274,7 +303,7 @@ func (e *Engine) lostToOOM(ctx context.Context, c *ctr, before int64) bool {
 // sessionsBefore returns the sessions in c before a run. Under gVisor it
 // is the set the last check found (after the previous run, or when the
 // container started), which saves a round trip to the sandbox per run.
-func (e *Engine) sessionsBefore(c *ctr) map[int]bool {
+func (e *Engine) sessionsBefore(c *ctr) map[int][]int {
 	if e.o.Runtime != RuntimeRunsc {
 		return e.sessions(c)
 	}
@@ -289,12 +318,10 @@ func (e *Engine) sessionsBefore(c *ctr) map[int]bool {
 
 // hasStrays reports processes left after a run, read from the host's /proc
 // (under gVisor, from the Sentry's, see sessionMonitor) rather than from
-// the (untrusted) agent. Every run starts in a session of its own, while
-// the container's infrastructure (init, agent, zygote and its idle spare)
-// lives in sessions that existed before the run; so any process in a
-// session absent from before is something the run left.
-func (e *Engine) hasStrays(c *ctr, before map[int]bool) bool {
-	var after map[int]bool
+// the (untrusted) agent (see agent.Strays); it also keeps track of the
+// container's notebook kernel session. Caller holds s.mu.
+func (e *Engine) hasStrays(c *ctr, before map[int][]int, kernel *sandbox.KernelStatus) bool {
+	var after map[int][]int
 	if e.o.Runtime == RuntimeRunsc {
 		var err error
 		after, err = e.sandboxSessions(c)
@@ -310,11 +337,12 @@ func (e *Engine) hasStrays(c *ctr, before map[int]bool) bool {
 		}
 		after = e.sessions(c)
 	}
-	for sid := range after {
-		if !before[sid] {
-			e.log.Info().Str("container", shortID(c.dockerID)).Int("session", sid).Int("sessions_before", len(before)).Msg("sandbox_strays_found")
-			return true
-		}
+	started := kernel != nil && kernel.Started && kernel.Ended == ""
+	stray, sid := agent.Strays(before, after, c.kernelSID, started)
+	c.kernelSID = sid
+	if stray {
+		e.log.Info().Str("container", shortID(c.dockerID)).Int("sessions_before", len(before)).Msg("sandbox_strays_found")
+		return true
 	}
 	if e.o.Runtime == RuntimeRunsc {
 		c.sessions = after
@@ -363,8 +391,7 @@ func (s *Session) watchQuota(ctx context.Context, w *workspace.Workspace, c *ctr
 // reports QUOTA_EXCEEDED.
 func (s *Session) quotaExceeded(w *workspace.Workspace, before map[string]workspace.FileStamp, lang string, c *ctr, dur time.Duration) (sandbox.ExecResult, error) {
 	w.RemoveChanged(before)
-	delete(s.ctrs, lang)
-	s.e.removeAsync(c)
+	s.retireLocked(lang, c, sandbox.LostQuota)
 	l := w.Limits()
 	return sandbox.ExecResult{Duration: dur, ExitCode: -1}, brokererr.New(brokererr.QuotaExceeded,
 		"the workspace exceeded its quota (%d files, %d MiB); the run was stopped and the files it wrote were removed", l.MaxFiles, l.MaxBytes>>20)
@@ -447,6 +474,7 @@ func (s *Session) Release(ctx context.Context) error {
 	if err := s.removeAll(ctx); err != nil {
 		return brokererr.Wrap(err, brokererr.Unavailable, "cannot remove the sandbox containers")
 	}
+	s.kernel.Lost(sandbox.LostIdle)
 	return nil
 }
 
@@ -460,6 +488,7 @@ func (s *Session) Destroy(ctx context.Context) error {
 	// Destroyed only once the containers are gone, so a failed attempt
 	// leaves a session that can still be used or destroyed again.
 	s.destroyed = true
+	s.e.kernels.Forget(s.ref.WorkspaceID)
 	if err := os.RemoveAll(s.ref.Dir); err != nil {
 		return brokererr.Wrap(err, brokererr.InternalError, "cannot delete the workspace")
 	}
