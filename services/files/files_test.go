@@ -3,6 +3,8 @@ package files
 import (
 	"bufio"
 	"bytes"
+	"crypto/hmac"
+	"crypto/sha256"
 	"encoding/base64"
 	"fmt"
 	"io"
@@ -360,9 +362,14 @@ func signRaw(s *Signer, kid, id, rel, exp string) string {
 	return signRawEsc(s, kid, id, esc, exp)
 }
 
+// signRawEsc computes the signature from the documented string-to-sign,
+// independently of mac: links signed before upload links existed still
+// verify.
 func signRawEsc(s *Signer, kid, id, esc, exp string) string {
 	key, _ := s.Keys.key(kid)
-	return base64.RawURLEncoding.EncodeToString(mac(key, kid, id, esc, exp))
+	m := hmac.New(sha256.New, key)
+	m.Write([]byte("v1\n" + kid + "\nGET\n" + id + "\n" + esc + "\n" + exp))
+	return base64.RawURLEncoding.EncodeToString(m.Sum(nil))
 }
 
 // TestPrefixConfusion: workspace ids are whole path components.
