@@ -34,10 +34,12 @@ fuzz-smoke:
 	GO=$(GO) .ci/fuzz 2s
 
 # Package micro-benchmarks, then the end-to-end engine figures (p50/p95
-# through MCP HTTP, with docker-run and fresh-interpreter baselines).
+# through MCP HTTP, with docker-run and fresh-interpreter baselines), then
+# signed download/upload throughput (MB/s beside http.FileServer).
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem -count=1 ./audit/ ./services/quota/ ./services/agent/ ./services/process/ ./services/rootfs/ ./middleware/...
 	$(GO) test -run '^$$' -bench BenchmarkEngine -benchtime 40x -count=1 ./tests/
+	$(GO) test -run '^$$' -bench BenchmarkSignedFiles -benchtime 8x -count=1 ./tests/
 
 docs:
 	$(GO) run ./cmd/sandbox-broker docs

@@ -66,6 +66,11 @@ func CreateUploadURL(e *Engine) ServerTool {
 				return nil, err
 			}
 			defer lease.Release()
+			// The upload bypasses the session: its workspace must exist,
+			// owned by the session's user, before the link is any use.
+			if err := lease.Session.PrepareWorkspace(ctx); err != nil {
+				return nil, err
+			}
 			u, exp, err := e.URLs.UploadURL(lease.WorkspaceID, rel, max, a.Overwrite)
 			if err != nil {
 				return nil, err
