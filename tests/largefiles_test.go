@@ -318,15 +318,17 @@ func (c countingReader) Read(p []byte) (int, error) {
 
 // TestSlowUploadsKeepTheMinimumRate: behind the broker's connection and
 // body guards, an upload may take longer than MCP_BODY_TIMEOUT_S as long as
-// it keeps FILE_UPLOAD_MIN_KBPS, and one that stalls is cut off (408) and
-// leaves nothing.
+// it keeps FILE_UPLOAD_MIN_KBPS, a verified upload is not closed to make
+// room for unauthenticated connections, and one that stalls is cut off
+// (408) and leaves nothing.
 func TestSlowUploadsKeepTheMinimumRate(t *testing.T) {
-	b := engineBroker(t, map[string]string{"MCP_BODY_TIMEOUT_S": "2", "FILE_UPLOAD_MIN_KBPS": "64"})
+	b := engineBroker(t, map[string]string{"MCP_BODY_TIMEOUT_S": "2", "FILE_UPLOAD_MIN_KBPS": "64", "MCP_MAX_UNAUTH_CONNS_PER_ADDR": "4"})
 	c := b.Client(t, testToken)
 	l := createUploadURL(t, c, map[string]any{"path": "steady.bin"})
 	addr := strings.TrimPrefix(strings.SplitN(l.URL, "/files/", 2)[0], "http://")
 	target := "/files/" + strings.SplitN(l.URL, "/files/", 2)[1]
-	send := func(target string, length int, chunks [][]byte, pause time.Duration) (int, time.Duration) {
+	// between runs after each chunk but the last.
+	send := func(target string, length int, chunks [][]byte, between func()) (int, time.Duration) {
 		conn, err := net.Dial("tcp", addr)
 		if err != nil {
 			t.Fatal(err)
@@ -337,7 +339,7 @@ func TestSlowUploadsKeepTheMinimumRate(t *testing.T) {
 		fmt.Fprintf(conn, "PUT %s HTTP/1.1\r\nHost: %s\r\nContent-Length: %d\r\n\r\n", target, addr, length)
 		for i, ch := range chunks {
 			if i > 0 {
-				time.Sleep(pause) // the client's pace
+				between()
 			}
 			if _, err := conn.Write(ch); err != nil {
 				break
@@ -351,15 +353,33 @@ func TestSlowUploadsKeepTheMinimumRate(t *testing.T) {
 		return resp.StatusCode, time.Since(start)
 	}
 	// 5 × 256 KiB, one a second: 4 s, twice the body timeout, at 256 KiB/s.
+	// Meanwhile 8 connections from the same address send nothing: past the
+	// per-address limit for unauthenticated connections (4), the oldest are
+	// closed, but never the verified upload.
 	chunk := bytes.Repeat([]byte("s"), 256<<10)
-	code, took := send(target, 5*len(chunk), [][]byte{chunk, chunk, chunk, chunk, chunk}, time.Second)
+	var idle []net.Conn
+	defer func() {
+		for _, c := range idle {
+			c.Close()
+		}
+	}()
+	code, took := send(target, 5*len(chunk), [][]byte{chunk, chunk, chunk, chunk, chunk}, func() {
+		for range 2 {
+			ic, err := net.Dial("tcp", addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			idle = append(idle, ic)
+		}
+		time.Sleep(time.Second) // the client's pace
+	})
 	if code != http.StatusCreated || took < 4*time.Second {
 		t.Fatalf("steady upload: %d after %v", code, took)
 	}
 	// 64 KiB, then nothing: cut off after the 2 s grace and the 1 s the
 	// bytes earned.
 	l2 := createUploadURL(t, c, map[string]any{"session_id": l.SessionID, "path": "stalled.bin"})
-	code, took = send("/files/"+strings.SplitN(l2.URL, "/files/", 2)[1], 10<<20, [][]byte{make([]byte, 64<<10)}, 0)
+	code, took = send("/files/"+strings.SplitN(l2.URL, "/files/", 2)[1], 10<<20, [][]byte{make([]byte, 64<<10)}, func() {})
 	if code != http.StatusRequestTimeout || took < 3*time.Second || took > 20*time.Second {
 		t.Fatalf("stalled upload: %d after %v", code, took)
 	}

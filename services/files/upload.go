@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/sandbox-broker/sandbox-broker/services/brokererr"
+	"github.com/sandbox-broker/sandbox-broker/services/connguard"
 	"github.com/sandbox-broker/sandbox-broker/services/workspace"
 )
 
@@ -89,6 +90,11 @@ func (h *Handler) serveUpload(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 
+	// Verified and audited: like a bearer-authenticated connection, it no
+	// longer counts against its address, and a flood of unauthenticated
+	// connections cannot close it mid-transfer (the minimum rate and the
+	// per-workspace cap bound what it holds).
+	connguard.Trust(r.Context())
 	res, err := h.store(w, r, u, limit)
 	end(res, err)
 	if err != nil {
