@@ -230,12 +230,19 @@ func TestSignedUploads(t *testing.T) {
 	// client gets its answer before it has sent its 200 MB.
 	l2 := createUploadURL(t, c, map[string]any{"session_id": l.SessionID, "path": "too/big.bin"})
 	var sent atomic.Int64
-	code, out = putBody(t, l2.URL, countingReader{newRandomStream(2, 200_000_000), &sent})
-	if code != http.StatusRequestEntityTooLarge || out["error"] != "QUOTA_EXCEEDED" {
-		t.Fatalf("over quota: %d %v", code, out)
+	req, _ := http.NewRequest(http.MethodPut, l2.URL, countingReader{newRandomStream(2, 200_000_000), &sent})
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
 	}
-	if sent.Load() >= 200_000_000 {
-		t.Errorf("the broker read all of an over-quota body before refusing it")
+	atAnswer := sent.Load()
+	err = json.NewDecoder(resp.Body).Decode(&out)
+	resp.Body.Close()
+	if err != nil || resp.StatusCode != http.StatusRequestEntityTooLarge || out["error"] != "QUOTA_EXCEEDED" {
+		t.Fatalf("over quota: %d %v %v", resp.StatusCode, out, err)
+	}
+	if atAnswer >= 200_000_000 {
+		t.Errorf("the broker answered only after the whole over-quota body was sent")
 	}
 	r, _ = run(t, c, map[string]any{"session_id": l.SessionID, "language": "bash", "code": "ls -A; ls -A in"})
 	if got := strings.Fields(r.Stdout); strings.Join(got, " ") != "in upload.bin" {
@@ -387,4 +394,24 @@ func TestSlowUploadsKeepTheMinimumRate(t *testing.T) {
 	if strings.TrimSpace(r.Stdout) != "steady.bin" {
 		t.Fatalf("workspace: %q", r.Stdout)
 	}
+}
+
+// TestSignedUploadIntoANewSession: on both backends, a link made for a
+// session that has not run anything yet works (the workspace is prepared
+// for it), and the file belongs to the session's sandbox user.
+func TestSignedUploadIntoANewSession(t *testing.T) {
+	backends(t, nil, func(t *testing.T, backend string, b *Broker, c *client.Client) {
+		l := createUploadURL(t, c, map[string]any{"path": "sub/in.txt", "max_bytes": 64})
+		if code, out := putBody(t, l.URL, strings.NewReader("uploaded\n")); code != http.StatusCreated || out["size"] != float64(9) {
+			t.Fatalf("PUT: %d %v", code, out)
+		}
+		r, _ := run(t, c, map[string]any{"session_id": l.SessionID, "language": "bash",
+			"code": "echo appended >> sub/in.txt && cat sub/in.txt && test \"$(stat -c %u sub/in.txt)\" = \"$(id -u)\" && echo owned"})
+		if r.Stdout != "uploaded\nappended\nowned\n" {
+			t.Fatalf("in the sandbox: %q", r.Stdout)
+		}
+		if code, out := putBody(t, l.URL, strings.NewReader(strings.Repeat("x", 65))); code != http.StatusRequestEntityTooLarge || out["error"] != "FILE_SIZE_EXCEEDED" {
+			t.Fatalf("over max_bytes: %d %v", code, out)
+		}
+	})
 }

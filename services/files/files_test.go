@@ -618,6 +618,25 @@ func TestSignerErrors(t *testing.T) {
 		if _, _, err := s.URL(c.id, c.p); brokererr.CodeOf(err) != c.code {
 			t.Errorf("URL(%q, %q): %v, want %s", c.id, c.p, err, c.code)
 		}
+		if _, _, err := s.UploadURL(c.id, c.p, 1, false); brokererr.CodeOf(err) != c.code {
+			t.Errorf("UploadURL(%q, %q): %v, want %s", c.id, c.p, err, c.code)
+		}
+	}
+	// An upload link takes at least one byte (0 would mean "no limit" to
+	// the writer).
+	if _, _, err := s.UploadURL(idA, "x", 0, false); brokererr.CodeOf(err) != brokererr.InvalidInput {
+		t.Errorf("UploadURL with max 0: %v", err)
+	}
+	// Nor does a correctly signed link that says otherwise verify.
+	for _, extra := range [][]param{{{"max", "0"}, {"ow", "0"}}, {{"max", "1"}, {"ow", "2"}}} {
+		u, _, err := s.sign(http.MethodPut, idA, "x", time.Minute, extra)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pu, _ := url.Parse(u)
+		if _, err := s.VerifyUpload(pu.EscapedPath(), pu.RawQuery); err == nil {
+			t.Errorf("VerifyUpload accepted %s", pu.RawQuery)
+		}
 	}
 	for _, bad := range []*Signer{
 		{Keys: keys, BaseURL: "files.example.com"},

@@ -112,11 +112,11 @@ func (s *Signer) URL(workspaceID, path string) (string, time.Time, error) {
 
 // UploadURL returns a signed upload URL (PUT) for path in workspace
 // workspaceID, and its expiry. The link accepts a body of at most maxBytes
-// bytes and replaces an existing file only if overwrite is set; path is
+// (at least 1) bytes and replaces an existing file only if overwrite is set; path is
 // checked as for URL.
 func (s *Signer) UploadURL(workspaceID, path string, maxBytes int64, overwrite bool) (string, time.Time, error) {
-	if maxBytes < 0 {
-		return "", time.Time{}, brokererr.New(brokererr.InvalidInput, "max_bytes must not be negative")
+	if maxBytes < 1 {
+		return "", time.Time{}, brokererr.New(brokererr.InvalidInput, "max_bytes must be at least 1")
 	}
 	ow := "0"
 	if overwrite {
@@ -296,8 +296,8 @@ func (s *Signer) Verify(escapedPath, rawQuery string) (Target, error) {
 }
 
 // VerifyUpload is Verify for upload (PUT) links: the query must hold
-// exactly exp, kid, max, ow and sig, with max a canonical decimal and ow
-// "0" or "1", and the expiry lie within the upload TTL.
+// exactly exp, kid, max, ow and sig, with max a canonical positive decimal
+// and ow "0" or "1", and the expiry lie within the upload TTL.
 func (s *Signer) VerifyUpload(escapedPath, rawQuery string) (Upload, error) {
 	id, escRel, rel, err := parseFilePath(escapedPath)
 	if err != nil {
@@ -309,7 +309,7 @@ func (s *Signer) VerifyUpload(escapedPath, rawQuery string) (Upload, error) {
 	}
 	// Both were signed: a bad value is a broker bug or a forged key.
 	max, err := parseDecimal(q.extra[0])
-	if err != nil {
+	if err != nil || max < 1 {
 		return Upload{}, deny("max syntax")
 	}
 	ow := q.extra[1]

@@ -9,6 +9,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"strings"
 	"sync"
 	"time"
 
@@ -54,7 +55,9 @@ type UploadResult struct {
 // (replaced) with an UploadResult; 403 bad link; 404 no such workspace;
 // 408 body too slow; 409 exists or not a file; 413 over the link's max,
 // the size cap or the quota; 429 too many uploads into the workspace;
-// 503 audit log unavailable. A refused request's body is never read.
+// 503 audit log unavailable. The body of a request whose link does not
+// verify is never read; a verified upload that is refused lingers (see
+// linger) so that its client reads the answer.
 func (h *Handler) serveUpload(w http.ResponseWriter, r *http.Request) {
 	u, err := h.Signer.VerifyUpload(r.URL.EscapedPath(), r.URL.RawQuery)
 	if err != nil {
@@ -65,27 +68,35 @@ func (h *Handler) serveUpload(w http.ResponseWriter, r *http.Request) {
 	if c := h.maxFileBytes(); c > 0 && c < limit {
 		limit = c
 	}
+	// A client that waits for "100 Continue" has sent no body when it is
+	// refused now; one that did not may be sending it: linger for it.
+	refuse := func(status int, code brokererr.Code, format string, args ...any) {
+		h.uploadRefused(w, r, u, status, code, format, args...)
+		if !strings.EqualFold(r.Header.Get("Expect"), "100-continue") {
+			linger(w, r)
+		}
+	}
 	if r.ContentLength > limit {
-		h.uploadRefused(w, r, u, http.StatusRequestEntityTooLarge, brokererr.FileSizeExceeded, "the body is larger than this link accepts (%d bytes)", limit)
+		refuse(http.StatusRequestEntityTooLarge, brokererr.FileSizeExceeded, "the body is larger than this link accepts (%d bytes)", limit)
 		return
 	}
 	release, ok := h.uploads.acquire(u.WorkspaceID)
 	if !ok {
 		w.Header().Set("Retry-After", "5")
-		h.uploadRefused(w, r, u, http.StatusTooManyRequests, brokererr.RateLimitExceeded, "%d uploads into this workspace are already running", MaxUploadsPerWorkspace)
+		refuse(http.StatusTooManyRequests, brokererr.RateLimitExceeded, "%d uploads into this workspace are already running", MaxUploadsPerWorkspace)
 		return
 	}
 	defer release()
 	if h.Audit == nil {
-		h.uploadRefused(w, r, u, http.StatusServiceUnavailable, brokererr.Unavailable, "uploads are not available")
+		refuse(http.StatusServiceUnavailable, brokererr.Unavailable, "uploads are not available")
 		return
 	}
 	end, err := h.Audit(r.Context(), u, sigHash(r))
 	if err != nil {
 		if brokererr.CodeOf(err) == brokererr.SandboxNotFound {
-			h.uploadRefused(w, r, u, http.StatusNotFound, brokererr.SandboxNotFound, "no such workspace")
+			refuse(http.StatusNotFound, brokererr.SandboxNotFound, "no such workspace")
 		} else {
-			h.uploadRefused(w, r, u, http.StatusServiceUnavailable, brokererr.Unavailable, "the audit log is unavailable, so the upload was refused")
+			refuse(http.StatusServiceUnavailable, brokererr.Unavailable, "the audit log is unavailable, so the upload was refused")
 		}
 		return
 	}
@@ -100,6 +111,9 @@ func (h *Handler) serveUpload(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		status, code, msg := uploadStatus(err)
 		h.uploadRefused(w, r, u, status, code, "%s", msg)
+		if err != errTooSlow && err != errBodyBroken { // the body still flows
+			linger(w, r)
+		}
 		return
 	}
 	h.log("files.uploaded", "workspace", u.WorkspaceID, "path", u.Path, "kid", u.KID, "size", res.Size,
@@ -197,6 +211,26 @@ func (h *Handler) uploadRefused(w http.ResponseWriter, r *http.Request, u Upload
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)
 	_ = json.NewEncoder(w).Encode(map[string]string{"error": string(code), "message": msg})
+}
+
+// A refused upload's body is read and discarded for up to lingerTime and
+// lingerBytes after the answer is sent: closing a socket with unread data
+// makes the kernel send a reset, which can destroy an answer the client has
+// not read yet (net/http skips its own delay for "Connection: close").
+const (
+	lingerTime  = 2 * time.Second
+	lingerBytes = 64 << 20
+)
+
+// linger sends the answer written so far, then reads what is left of the
+// body, bounded, before the connection is closed.
+func linger(w http.ResponseWriter, r *http.Request) {
+	rc := http.NewResponseController(w)
+	if err := rc.Flush(); err != nil {
+		return
+	}
+	_ = rc.SetReadDeadline(time.Now().Add(lingerTime))
+	_, _ = io.CopyN(io.Discard, r.Body, lingerBytes)
 }
 
 // closeConn makes net/http close the connection after the response rather

@@ -237,6 +237,7 @@ func TestUploadLinksAreTheirOwnKind(t *testing.T) {
 		"ow flipped":       with("ow", "0"),
 		"ow spelled true":  with("ow", "true"),
 		"max with zero":    with("max", "0100"),
+		"max zero":         with("max", "0"),
 		"no max":           with("max", ""),
 		"no ow":            with("ow", ""),
 		"expired":          with("exp", fmt.Sprint(t0.Add(-time.Second).Unix())),
@@ -295,13 +296,14 @@ func TestUploadStopsAtTheQuota(t *testing.T) {
 	e.handler.Limits = workspace.Limits{MaxFiles: 10, MaxBytes: 8 << 20}
 	writeFile(t, filepath.Join(dir, "old.bin"), strings.Repeat("x", 3<<20))
 
-	// The client streams 64 MiB through a pipe; the server must answer
-	// long before it has all of it.
+	// The client streams 256 MiB through a pipe; the server must answer
+	// long before it has all of it, while the client is still sending.
+	const total = 256 << 20
 	pr, pw := io.Pipe()
 	var sent atomic.Int64
 	go func() {
 		chunk := make([]byte, 64<<10)
-		for sent.Load() < 64<<20 {
+		for sent.Load() < total {
 			n, err := pw.Write(chunk)
 			sent.Add(int64(n))
 			if err != nil {
@@ -310,19 +312,27 @@ func TestUploadStopsAtTheQuota(t *testing.T) {
 		}
 		pw.Close()
 	}()
-	code, out := e.put(t, e.uploadTarget(t, idA, "deep/er/big.bin", 1<<30, false), onlyReader{pr})
-	pr.CloseWithError(errors.New("test done"))
-	if code != http.StatusRequestEntityTooLarge || out["error"] != "QUOTA_EXCEEDED" {
-		t.Fatalf("over quota: %d %v", code, out)
+	req, _ := http.NewRequest(http.MethodPut, e.srv.URL+e.uploadTarget(t, idA, "deep/er/big.bin", 1<<30, false), onlyReader{pr})
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
 	}
-	if sent.Load() >= 64<<20 {
-		t.Errorf("the server read the whole 64 MiB body before refusing it")
+	atAnswer := sent.Load()
+	var out map[string]any
+	_ = json.NewDecoder(resp.Body).Decode(&out)
+	resp.Body.Close()
+	pr.CloseWithError(errors.New("test done"))
+	if resp.StatusCode != http.StatusRequestEntityTooLarge || out["error"] != "QUOTA_EXCEEDED" {
+		t.Fatalf("over quota: %d %v", resp.StatusCode, out)
+	}
+	if atAnswer >= total {
+		t.Errorf("answered only after the whole body was sent")
 	}
 	if l := leftovers(t, dir); !slices.Equal(l, []string{"old.bin"}) {
 		t.Fatalf("workspace holds %v after a refused upload", l)
 	}
 	// Within the quota it fits: 3 MiB + 5 MiB.
-	code, out = e.put(t, e.uploadTarget(t, idA, "fits.bin", 1<<30, false), onlyReader{bytes.NewReader(make([]byte, 5<<20))})
+	code, out := e.put(t, e.uploadTarget(t, idA, "fits.bin", 1<<30, false), onlyReader{bytes.NewReader(make([]byte, 5<<20))})
 	if code != http.StatusCreated {
 		t.Fatalf("within quota: %d %v", code, out)
 	}
@@ -588,4 +598,33 @@ func FuzzVerifyUpload(f *testing.F) {
 			t.Fatalf("VerifyPreview accepted file link query %q", q)
 		}
 	})
+}
+
+// TestRefusedUploadAnswerArrives: a verified upload refused mid-stream
+// lingers on its body (bounded) instead of closing on a client that is
+// still sending: closing with unread data resets the connection, and a
+// client whose write fails first (net/http's does) never sees the answer.
+func TestRefusedUploadAnswerArrives(t *testing.T) {
+	e, _ := uploadEnv(t)
+	e.ws(t, idA)
+	e.handler.Limits = workspace.Limits{MaxFiles: 10, MaxBytes: 4 << 20}
+	c, br := rawPut(t, e.srv.URL, e.uploadTarget(t, idA, "big.bin", 1<<30, false), 64<<20, nil)
+	wrote := make(chan error, 1)
+	go func() { // past the quota, short of what was announced
+		chunk := make([]byte, 64<<10)
+		for range (12 << 20) / len(chunk) {
+			if _, err := c.Write(chunk); err != nil {
+				wrote <- err
+				return
+			}
+		}
+		wrote <- nil
+	}()
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil || resp.StatusCode != http.StatusRequestEntityTooLarge {
+		t.Fatalf("answer: %v %v", resp, err)
+	}
+	if err := <-wrote; err != nil {
+		t.Fatalf("the client could not finish sending after the answer: %v", err)
+	}
 }
