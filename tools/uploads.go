@@ -43,8 +43,8 @@ func CreateUploadURL(e *Engine) ServerTool {
 			if err := e.ready(); err != nil {
 				return nil, err
 			}
-			if e.URLs == nil {
-				return nil, brokererr.New(brokererr.Unavailable, "this broker issues no signed links")
+			if e.URLs == nil || e.MaxLinkBytes <= 0 {
+				return nil, brokererr.New(brokererr.Unavailable, "this broker issues no signed upload links")
 			}
 			id, err := sessionID(a.SessionID, a.ConversationID)
 			if err != nil {

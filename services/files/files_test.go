@@ -911,3 +911,24 @@ func TestSizeCapHoldsWhileTheFileFlips(t *testing.T) {
 		t.Fatal("no request was served: the flip loop never left the file under the cap")
 	}
 }
+
+// TestNilSigner: a signer without keys refuses everything, without panics.
+func TestNilSigner(t *testing.T) {
+	for _, s := range []*Signer{nil, {}} {
+		if _, _, err := s.URL(idA, "x"); err == nil {
+			t.Error("URL signed without keys")
+		}
+		if _, _, err := s.UploadURL(idA, "x", 1, false); err == nil {
+			t.Error("UploadURL signed without keys")
+		}
+		if _, err := s.Verify("/files/"+idA+"/x", "exp=1&kid=a&sig=b"); err == nil {
+			t.Error("Verify without keys")
+		}
+		if _, err := s.VerifyUpload("/files/"+idA+"/x", "exp=1&kid=a&max=1&ow=0&sig=b"); err == nil {
+			t.Error("VerifyUpload without keys")
+		}
+		if _, err := s.VerifyPreview(idA, "exp=1&kid=a&sig=b"); err == nil {
+			t.Error("VerifyPreview without keys")
+		}
+	}
+}

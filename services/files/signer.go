@@ -104,6 +104,9 @@ func (s *Signer) uploadTTL() time.Duration {
 // '%' (such names could not be told apart from escapes, so the verifier
 // refuses them); errors for bad input are *brokererr.Error.
 func (s *Signer) URL(workspaceID, path string) (string, time.Time, error) {
+	if s == nil || s.Keys == nil {
+		return "", time.Time{}, errors.New("files: signer has no keys")
+	}
 	if s.ttl() > s.maxTTL() {
 		return "", time.Time{}, fmt.Errorf("files: TTL %v exceeds MaxTTL %v", s.ttl(), s.maxTTL())
 	}
@@ -112,9 +115,12 @@ func (s *Signer) URL(workspaceID, path string) (string, time.Time, error) {
 
 // UploadURL returns a signed upload URL (PUT) for path in workspace
 // workspaceID, and its expiry. The link accepts a body of at most maxBytes
-// (at least 1) bytes and replaces an existing file only if overwrite is set; path is
-// checked as for URL.
+// bytes (at least 1) and replaces an existing file only if overwrite is
+// set; path is checked as for URL.
 func (s *Signer) UploadURL(workspaceID, path string, maxBytes int64, overwrite bool) (string, time.Time, error) {
+	if s == nil || s.Keys == nil {
+		return "", time.Time{}, errors.New("files: signer has no keys")
+	}
 	if maxBytes < 1 {
 		return "", time.Time{}, brokererr.New(brokererr.InvalidInput, "max_bytes must be at least 1")
 	}
@@ -129,11 +135,9 @@ func (s *Signer) UploadURL(workspaceID, path string, maxBytes int64, overwrite b
 type param struct{ key, value string }
 
 // sign builds a link for method to path in workspaceID, valid for ttl,
-// whose query holds exp, kid, extra (in that order, all signed) and sig.
+// whose query holds exp, kid, extra (in that order, all signed) and sig;
+// s has keys (the callers check).
 func (s *Signer) sign(method, workspaceID, path string, ttl time.Duration, extra []param) (string, time.Time, error) {
-	if s == nil || s.Keys == nil {
-		return "", time.Time{}, errors.New("files: signer has no keys")
-	}
 	if !ValidWorkspaceID(workspaceID) {
 		return "", time.Time{}, brokererr.New(brokererr.InvalidInput, "invalid workspace id")
 	}
@@ -284,6 +288,9 @@ type Upload struct {
 // form, strict query, expiry window, kid, HMAC (constant time). The method
 // is the caller's to check (GET or HEAD). Any error wraps ErrDenied.
 func (s *Signer) Verify(escapedPath, rawQuery string) (Target, error) {
+	if s == nil || s.Keys == nil {
+		return Target{}, deny("no keys")
+	}
 	id, escRel, rel, err := parseFilePath(escapedPath)
 	if err != nil {
 		return Target{}, err
@@ -299,6 +306,9 @@ func (s *Signer) Verify(escapedPath, rawQuery string) (Target, error) {
 // exactly exp, kid, max, ow and sig, with max a canonical positive decimal
 // and ow "0" or "1", and the expiry lie within the upload TTL.
 func (s *Signer) VerifyUpload(escapedPath, rawQuery string) (Upload, error) {
+	if s == nil || s.Keys == nil {
+		return Upload{}, deny("no keys")
+	}
 	id, escRel, rel, err := parseFilePath(escapedPath)
 	if err != nil {
 		return Upload{}, err
@@ -347,11 +357,8 @@ type signedQuery struct {
 // verifyQuery checks a link's raw query: exactly exp, kid, sig and extra,
 // once each; an expiry between now and now+maxTTL+ClockSkew; a known kid;
 // and, in constant time, the HMAC over method, fields, exp and the extra
-// values.
+// values. s has keys (the callers check).
 func (s *Signer) verifyQuery(rawQuery string, maxTTL time.Duration, method string, fields, extra []string) (signedQuery, error) {
-	if s == nil || s.Keys == nil {
-		return signedQuery{}, deny("no keys")
-	}
 	vals, err := parseQuery(rawQuery, extra...)
 	if err != nil {
 		return signedQuery{}, err
@@ -468,6 +475,9 @@ func (s *Signer) PreviewURL(id string) (string, time.Time, error) {
 // VerifyPreview checks a preview link's raw query (or the same string kept
 // in the preview cookie) for sandbox id, with the checks Verify applies.
 func (s *Signer) VerifyPreview(id, rawQuery string) (time.Time, error) {
+	if s == nil || s.Keys == nil {
+		return time.Time{}, deny("no keys")
+	}
 	if !ValidWorkspaceID(id) {
 		return time.Time{}, deny("sandbox id")
 	}

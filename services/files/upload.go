@@ -201,8 +201,8 @@ func uploadStatus(err error) (int, brokererr.Code, string) {
 	return http.StatusInternalServerError, brokererr.InternalError, "the upload failed"
 }
 
-// uploadRefused answers a verified upload that stored nothing, closing the
-// connection rather than reading what is left of the body.
+// uploadRefused answers a verified upload that stored nothing; the
+// connection closes after the answer (and after linger, where called).
 func (h *Handler) uploadRefused(w http.ResponseWriter, r *http.Request, u Upload, status int, code brokererr.Code, format string, args ...any) {
 	msg := brokererr.New(code, format, args...).Message
 	h.log("files.upload_failed", "workspace", u.WorkspaceID, "path", u.Path, "kid", u.KID, "status", status,

@@ -244,6 +244,9 @@ func (w *Workspace) validate(p string) (string, error) {
 // MaxFiles (new parents and the new file count) and MaxBytes (the size being
 // replaced is subtracted).
 func (w *Workspace) Write(p string, data []byte, overwrite bool) error {
+	if _, err := w.validate(p); err != nil { // a bad path is reported first
+		return err
+	}
 	if int64(len(data)) > w.lim.MaxFileBytes {
 		return brokererr.New(brokererr.FileSizeExceeded, "file is larger than %d bytes", w.lim.MaxFileBytes)
 	}
