@@ -68,6 +68,11 @@ type Config struct {
 	MaxWorkspaceMB int64  `env:"SANDBOX_MAX_WORKSPACE_MB" validate:"min=1,max=1048576"`
 	FileURLTTLS    int64  `env:"FILE_URL_TTL_S" validate:"min=60,max=86400"`
 	FileSecretPrev Secret `env:"FILE_SECRET_PREVIOUS" validate:"omitempty,min=32,max=512"`
+	// Signed links: the largest file one serves or accepts (0: the
+	// workspace quota), and the slowest average rate an upload may keep
+	// after MCP_BODY_TIMEOUT_S.
+	FileURLMaxMB      int64 `env:"FILE_URL_MAX_MB" validate:"min=0,max=1048576"`
+	FileUploadMinKBps int64 `env:"FILE_UPLOAD_MIN_KBPS" validate:"min=1,max=1048576"`
 	// Jobs (execute_code and friends).
 	MaxConcurrent  int   `env:"SANDBOX_MAX_CONCURRENT" validate:"min=1,max=1000"`
 	MaxPerSession  int   `env:"SANDBOX_MAX_PER_SESSION" validate:"min=1,max=100,ltefield=MaxConcurrent"`
@@ -147,6 +152,8 @@ func Defaults() Config {
 		EgressMaxMB:     256,
 		GitHubAPIURL:    "https://api.github.com/",
 		BuildWaitS:      50,
+
+		FileUploadMinKBps: 64,
 
 		OAuthPrincipalClaim: "sub",
 		OAuthDefaultTier:    "free",

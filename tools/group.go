@@ -46,7 +46,7 @@ func DefaultGroup(d Deps) *Group {
 		AddResourceTemplates(fileResources)
 	files := NewToolset(ToolsetFiles, "Session files as resources, with signed download links").Needs(ServiceSandbox).
 		AddReadTools(ListArtifacts(d.Engine), ReadArtifact(d.Engine)).
-		AddWriteTools(UploadFile(d.Engine)).
+		AddWriteTools(UploadFile(d.Engine), CreateUploadURL(d.Engine)).
 		AddResourceTemplates(fileResources)
 	j := d.Jobs
 	if j == nil {

@@ -32,12 +32,16 @@ type Engine struct {
 	// Redact filters text streamed in notifications (the chain redacts
 	// results, not notifications); nil disables streaming.
 	Redact func(string) string
+	// MaxLinkBytes caps the files signed links serve and accept.
+	MaxLinkBytes int64
 }
 
-// URLSigner makes signed download links for workspace files; it fails when
-// the broker has no public address, and tools then leave the link out.
+// URLSigner makes signed download links for workspace files, and upload
+// links; it fails when the broker has no public address, and tools then
+// leave download links out.
 type URLSigner interface {
 	URL(workspaceID, path string) (string, time.Time, error)
+	UploadURL(workspaceID, path string, maxBytes int64, overwrite bool) (string, time.Time, error)
 }
 
 // ExecutionBudget is the per-day execution quota: a run reserves its

@@ -230,17 +230,18 @@ func (b *Broker) reserveSandbox(ctx context.Context, principal string) error {
 
 func (b *Broker) engine(cfg config.Config) *tools.Engine {
 	e := &tools.Engine{URLs: b.signer, Exec: b.quota, Limits: b.limits, Redact: b.redactor.String,
-		DefaultTimeout: time.Duration(cfg.TimeoutS) * time.Second, MaxTimeout: time.Duration(cfg.MaxTimeoutS) * time.Second}
+		DefaultTimeout: time.Duration(cfg.TimeoutS) * time.Second, MaxTimeout: time.Duration(cfg.MaxTimeoutS) * time.Second,
+		MaxLinkBytes: linkCap(cfg)}
 	if b.sandboxes != nil {
 		e.Sessions, e.Backend = b.sandboxes, b.backend
 	}
 	return e
 }
 
-// filesHandler serves signed downloads under /files/.
+// filesHandler serves signed downloads and uploads under /files/.
 func (b *Broker) filesHandler() *files.Handler {
 	log := logging.Component(b.log, "files")
-	return &files.Handler{Signer: b.signer, Root: b.cfg.Root, Log: func(event string, kv ...any) {
+	h := &files.Handler{Signer: b.signer, Root: b.cfg.Root, Log: func(event string, kv ...any) {
 		var ev *zerolog.Event
 		if event == "files.denied" { // anyone can cause these: throttled
 			ev = b.refusalLog(event, log.Info)
@@ -252,6 +253,19 @@ func (b *Broker) filesHandler() *files.Handler {
 		}
 		ev.Msg(strings.ReplaceAll(event, ".", "_"))
 	}}
+	h.Limits = workspace.Limits{MaxFiles: b.cfg.MaxFiles, MaxBytes: b.cfg.MaxWorkspaceMB << 20}
+	h.MaxFileBytes = linkCap(b.cfg)
+	h.UploadGrace, h.UploadMinRate = time.Duration(b.cfg.BodyTimeoutS)*time.Second, b.cfg.FileUploadMinKBps<<10
+	h.Audit = b.auditUpload
+	return h
+}
+
+// linkCap is FILE_URL_MAX_MB, or the workspace quota when unset.
+func linkCap(cfg config.Config) int64 {
+	if cfg.FileURLMaxMB > 0 {
+		return cfg.FileURLMaxMB << 20
+	}
+	return cfg.MaxWorkspaceMB << 20
 }
 
 func instanceID() string {

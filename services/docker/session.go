@@ -412,6 +412,20 @@ func (s *Session) WriteFile(ctx context.Context, p string, data []byte, overwrit
 	return w.Write(p, data, overwrite)
 }
 
+// PrepareWorkspace implements sandbox.Session.
+func (s *Session) PrepareWorkspace(ctx context.Context) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.destroyed {
+		return brokererr.New(brokererr.SandboxNotFound, "the sandbox was destroyed")
+	}
+	w, err := s.openWorkspace(ctx)
+	if err != nil {
+		return err
+	}
+	return w.Close()
+}
+
 // ReadFile implements sandbox.Session.
 func (s *Session) ReadFile(ctx context.Context, p string, offset, max int64) (sandbox.File, error) {
 	s.mu.Lock()

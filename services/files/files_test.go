@@ -3,6 +3,8 @@ package files
 import (
 	"bufio"
 	"bytes"
+	"crypto/hmac"
+	"crypto/sha256"
 	"encoding/base64"
 	"fmt"
 	"io"
@@ -360,9 +362,14 @@ func signRaw(s *Signer, kid, id, rel, exp string) string {
 	return signRawEsc(s, kid, id, esc, exp)
 }
 
+// signRawEsc computes the signature from the documented string-to-sign,
+// independently of mac: links signed before upload links existed still
+// verify.
 func signRawEsc(s *Signer, kid, id, esc, exp string) string {
 	key, _ := s.Keys.key(kid)
-	return base64.RawURLEncoding.EncodeToString(mac(key, kid, id, esc, exp))
+	m := hmac.New(sha256.New, key)
+	m.Write([]byte("v1\n" + kid + "\nGET\n" + id + "\n" + esc + "\n" + exp))
+	return base64.RawURLEncoding.EncodeToString(m.Sum(nil))
 }
 
 // TestPrefixConfusion: workspace ids are whole path components.
@@ -610,6 +617,25 @@ func TestSignerErrors(t *testing.T) {
 	} {
 		if _, _, err := s.URL(c.id, c.p); brokererr.CodeOf(err) != c.code {
 			t.Errorf("URL(%q, %q): %v, want %s", c.id, c.p, err, c.code)
+		}
+		if _, _, err := s.UploadURL(c.id, c.p, 1, false); brokererr.CodeOf(err) != c.code {
+			t.Errorf("UploadURL(%q, %q): %v, want %s", c.id, c.p, err, c.code)
+		}
+	}
+	// An upload link takes at least one byte (0 would mean "no limit" to
+	// the writer).
+	if _, _, err := s.UploadURL(idA, "x", 0, false); brokererr.CodeOf(err) != brokererr.InvalidInput {
+		t.Errorf("UploadURL with max 0: %v", err)
+	}
+	// Nor does a correctly signed link that says otherwise verify.
+	for _, extra := range [][]param{{{"max", "0"}, {"ow", "0"}}, {{"max", "1"}, {"ow", "2"}}} {
+		u, _, err := s.sign(http.MethodPut, idA, "x", time.Minute, extra)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pu, _ := url.Parse(u)
+		if _, err := s.VerifyUpload(pu.EscapedPath(), pu.RawQuery); err == nil {
+			t.Errorf("VerifyUpload accepted %s", pu.RawQuery)
 		}
 	}
 	for _, bad := range []*Signer{
@@ -925,6 +951,27 @@ func TestClockSteppedBack(t *testing.T) {
 		}
 		if err := verifyPreview(); (err == nil) != c.ok {
 			t.Errorf("step %v: VerifyPreview = %v, want ok=%v", c.step, err, c.ok)
+		}
+	}
+}
+
+// TestNilSigner: a signer without keys refuses everything, without panics.
+func TestNilSigner(t *testing.T) {
+	for _, s := range []*Signer{nil, {}} {
+		if _, _, err := s.URL(idA, "x"); err == nil {
+			t.Error("URL signed without keys")
+		}
+		if _, _, err := s.UploadURL(idA, "x", 1, false); err == nil {
+			t.Error("UploadURL signed without keys")
+		}
+		if _, err := s.Verify("/files/"+idA+"/x", "exp=1&kid=a&sig=b"); err == nil {
+			t.Error("Verify without keys")
+		}
+		if _, err := s.VerifyUpload("/files/"+idA+"/x", "exp=1&kid=a&max=1&ow=0&sig=b"); err == nil {
+			t.Error("VerifyUpload without keys")
+		}
+		if _, err := s.VerifyPreview(idA, "exp=1&kid=a&sig=b"); err == nil {
+			t.Error("VerifyPreview without keys")
 		}
 	}
 }

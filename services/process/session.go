@@ -271,6 +271,18 @@ func (s *Session) WriteFile(ctx context.Context, p string, data []byte, overwrit
 	return w.Write(p, data, overwrite)
 }
 
+// PrepareWorkspace implements sandbox.Session.
+func (s *Session) PrepareWorkspace(ctx context.Context) error {
+	if err := s.checkLive(); err != nil {
+		return err
+	}
+	w, err := s.openWorkspace()
+	if err != nil {
+		return err
+	}
+	return w.Close()
+}
+
 // ReadFile implements sandbox.Session.
 func (s *Session) ReadFile(ctx context.Context, p string, offset, max int64) (sandbox.File, error) {
 	if err := s.checkLive(); err != nil {

@@ -116,6 +116,10 @@ type Session interface {
 	WriteFile(ctx context.Context, path string, data []byte, overwrite bool) error
 	ReadFile(ctx context.Context, path string, offset, max int64) (File, error)
 	ListFiles(ctx context.Context, dir string) ([]FileInfo, error)
+	// PrepareWorkspace creates the workspace if it does not exist yet, owned
+	// by the session's user, for writers that bypass the session (signed
+	// uploads).
+	PrepareWorkspace(ctx context.Context) error
 	// Release frees the sandbox's compute (containers) but keeps its files.
 	Release(ctx context.Context) error
 	// Destroy frees compute and deletes the files.

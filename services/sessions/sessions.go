@@ -235,6 +235,20 @@ func (m *Manager) lookup(ctx context.Context, principal, id string) (string, err
 	return wid, err
 }
 
+// Owner returns the principal and session ID workspace wid belongs to:
+// SandboxNotFound when it belongs to none (for signed uploads, whose link
+// names only the workspace).
+func (m *Manager) Owner(ctx context.Context, wid string) (principal, sessionID string, err error) {
+	err = m.db.QueryRowContext(ctx, `SELECT principal, session_id FROM sessions WHERE workspace_id = ?`, wid).Scan(&principal, &sessionID)
+	switch {
+	case errors.Is(err, sql.ErrNoRows):
+		return "", "", brokererr.New(brokererr.SandboxNotFound, "no session owns this workspace")
+	case err != nil:
+		return "", "", brokererr.Wrap(err, brokererr.Unavailable, "session store unavailable")
+	}
+	return principal, sessionID, nil
+}
+
 func (m *Manager) insert(ctx context.Context, principal, id string) (string, error) {
 	wid := files.NewWorkspaceID()
 	now := m.o.Now().Unix()

@@ -112,6 +112,15 @@ func TestOwnershipAndGeneratedIDs(t *testing.T) {
 		t.Fatal("bob's session shares alice's workspace")
 	}
 	lb.Release()
+	// Each workspace names its owner (signed uploads audit under it).
+	for _, c := range []struct{ wid, principal string }{{l.WorkspaceID, "alice"}, {lb.WorkspaceID, "bob"}} {
+		if p, sid, err := m.Owner(ctx, c.wid); err != nil || p != c.principal || sid != l.ID {
+			t.Errorf("Owner(%s) = %q %q %v, want %s", c.wid, p, sid, err, c.principal)
+		}
+	}
+	if _, _, err := m.Owner(ctx, strings.Repeat("0", 32)); brokererr.CodeOf(err) != brokererr.SandboxNotFound {
+		t.Errorf("Owner of an unknown workspace: %v", err)
+	}
 	if len(created) != 2 || created[0] != "alice" || created[1] != "bob" {
 		t.Fatalf("OnCreate calls = %v", created)
 	}
