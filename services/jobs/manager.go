@@ -102,7 +102,9 @@ type Info struct {
 	LastSeq     int64  `json:"last_seq"`
 }
 
-const schema = `CREATE TABLE IF NOT EXISTS jobs(
+// schema is the job table in state.db. Append steps; never edit released
+// ones.
+var schema = statedb.Schema{Component: "jobs", Steps: []string{`CREATE TABLE IF NOT EXISTS jobs(
 	id TEXT PRIMARY KEY,
 	principal TEXT NOT NULL,
 	session_id TEXT NOT NULL,
@@ -115,7 +117,7 @@ const schema = `CREATE TABLE IF NOT EXISTS jobs(
 	network TEXT NOT NULL,
 	started_at INTEGER NOT NULL,
 	ended_at INTEGER);
-CREATE INDEX IF NOT EXISTS jobs_by_principal ON jobs(principal, started_at);`
+CREATE INDEX IF NOT EXISTS jobs_by_principal ON jobs(principal, started_at);`}}
 
 // Open opens the job table, marks jobs left running by a previous broker as
 // errors (appending an error event to their logs), and prunes old jobs.
@@ -138,17 +140,13 @@ func Open(ctx context.Context, o Options) (*Manager, error) {
 	if err := os.MkdirAll(o.Dir, 0o700); err != nil {
 		return nil, err
 	}
-	db, err := statedb.Open(o.DBPath)
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	db, err := statedb.Open(ctx, o.DBPath, schema)
 	if err != nil {
 		return nil, fmt.Errorf("jobs: %w", err)
 	}
 	m := &Manager{o: o, db: db, live: map[string]*job{}, perSession: map[string]int{}}
-	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	if _, err := db.ExecContext(ctx, schema); err != nil {
-		db.Close()
-		return nil, fmt.Errorf("jobs table: %w", err)
-	}
 	if err := m.recover(ctx); err != nil {
 		db.Close()
 		return nil, err
