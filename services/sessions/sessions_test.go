@@ -15,6 +15,7 @@ import (
 	"github.com/sandbox-broker/sandbox-broker/services/brokererr"
 	"github.com/sandbox-broker/sandbox-broker/services/docker"
 	"github.com/sandbox-broker/sandbox-broker/services/sandbox"
+	"github.com/sandbox-broker/sandbox-broker/services/uids"
 )
 
 // clock is a settable time source, so reaping needs no sleeps.
@@ -47,7 +48,12 @@ func newManager(t *testing.T, clk *clock, onCreate func(context.Context, string)
 		t.Fatalf("build agent: %v\n%s", err, out)
 	}
 	ctx := context.Background()
-	eng, err := docker.New(ctx, docker.Options{Root: root, AgentBinary: bin, InstanceID: "sessions-test", Log: zerolog.Nop()})
+	ids, err := uids.Open(ctx, filepath.Join(root, "state.db"), 1_900_000_000, 1000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = ids.Close() })
+	eng, err := docker.New(ctx, docker.Options{Root: root, AgentBinary: bin, InstanceID: "sessions-test", UIDs: ids, Log: zerolog.Nop()})
 	if err != nil {
 		t.Fatal(err)
 	}
