@@ -3,12 +3,14 @@ package process
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io/fs"
 	"os"
 	"path"
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/sandbox-broker/sandbox-broker/services/agent"
@@ -221,7 +223,28 @@ func (s *Session) openWorkspace() (*workspace.Workspace, error) {
 		}
 		return workspace.Create(s.ref.Dir, workspace.WithLimits(s.b.o.WorkspaceLimits), own)
 	}
-	return workspace.OpenOwned(s.ref.Dir, s.b.o.WorkspaceLimits, own)
+	w, err := workspace.OpenOwned(s.ref.Dir, s.b.o.WorkspaceLimits, own)
+	if errors.Is(err, fs.ErrPermission) {
+		return nil, s.foreignWorkspace()
+	}
+	return w, err
+}
+
+// foreignWorkspace is the error for a workspace this broker may not enter:
+// as root the backend gives a workspace to the session's uid, but a broker
+// that is not root cannot take over one that the Docker backend, or a
+// broker running as root, left to another uid. Waiting does not help.
+func (s *Session) foreignWorkspace() error {
+	owner := "another user"
+	if fi, err := os.Lstat(s.ref.Dir); err == nil {
+		if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+			owner = fmt.Sprintf("uid %d", st.Uid)
+		}
+	}
+	e := brokererr.New(brokererr.Unavailable, "this session's files belong to %s (another sandbox backend, or a broker running as root, made them); "+
+		"the process backend runs as uid %d and cannot take them over: start a new session, or run the broker as root", owner, s.uid)
+	e.Retryable = false
+	return e
 }
 
 // quotaExceeded removes what the run wrote, retires the sandbox and
