@@ -89,6 +89,24 @@ func fileURI(path string, params url.Values) (string, error) {
 	return u.String() + "?" + params.Encode(), nil
 }
 
+// openDB opens path on one connection, with q and the settings every
+// connection gets: recursive triggers, untrusted schema, a busy timeout.
+func openDB(path string, q url.Values) (*sql.DB, error) {
+	q.Add("_pragma", "recursive_triggers(1)")
+	q.Add("_pragma", "trusted_schema(0)")
+	q.Set("_busy_timeout", "5000")
+	dsn, err := fileURI(path, q)
+	if err != nil {
+		return nil, err
+	}
+	db, err := sql.Open("sqlite", dsn)
+	if err != nil {
+		return nil, fmt.Errorf("audit: open %s: %w", path, err)
+	}
+	db.SetMaxOpenConns(1)
+	return db, nil
+}
+
 // openWriter opens the single writer connection.
 func openWriter(ctx context.Context, path string) (*sql.DB, error) {
 	// Create the file ourselves so it starts at 0600; SQLite gives the -wal
@@ -105,23 +123,15 @@ func openWriter(ctx context.Context, path string) (*sql.DB, error) {
 		return nil, fmt.Errorf("audit: chmod %s: %w", path, err)
 	}
 	q := url.Values{}
-	q.Add("_pragma", "recursive_triggers(1)")
-	q.Add("_pragma", "trusted_schema(0)")
 	q.Set("_journal_mode", "WAL")
 	q.Set("_synchronous", "FULL")
-	q.Set("_busy_timeout", "5000")
 	q.Set("_txlock", "immediate")
 	q.Set("_defensive", "1")
 	q.Set("mode", "rw")
-	dsn, err := fileURI(path, q)
+	db, err := openDB(path, q)
 	if err != nil {
 		return nil, err
 	}
-	db, err := sql.Open("sqlite", dsn)
-	if err != nil {
-		return nil, fmt.Errorf("audit: open %s: %w", path, err)
-	}
-	db.SetMaxOpenConns(1)
 	db.SetMaxIdleConns(1)
 	db.SetConnMaxLifetime(0)
 	db.SetConnMaxIdleTime(0)
@@ -194,19 +204,11 @@ func openReader(ctx context.Context, path string) (*sql.DB, string, error) {
 	}
 	q := url.Values{}
 	q.Set("mode", "ro")
-	q.Add("_pragma", "recursive_triggers(1)")
-	q.Add("_pragma", "trusted_schema(0)")
 	q.Set("_query_only", "1")
-	q.Set("_busy_timeout", "5000")
-	dsn, err := fileURI(path, q)
+	db, err := openDB(path, q)
 	if err != nil {
 		return nil, "", err
 	}
-	db, err := sql.Open("sqlite", dsn)
-	if err != nil {
-		return nil, "", fmt.Errorf("audit: open %s: %w", path, err)
-	}
-	db.SetMaxOpenConns(1)
 	var v int
 	if err := db.QueryRowContext(ctx, "PRAGMA user_version").Scan(&v); err != nil {
 		db.Close()

@@ -239,6 +239,7 @@ func TestArgsRequireAuditTags(t *testing.T) {
 		"keys on a slice":      func() { Args[keysOnSlice](0) },
 		"digest on a number":   func() { Args[tagOnNumber](0) },
 		"untagged in embedded": func() { Args[struct{ Embedded }](0) },
+		"unexported embedded":  func() { Args[embedsHidden](0) },
 	} {
 		t.Run(name, func(t *testing.T) {
 			defer func() {
@@ -250,6 +251,14 @@ func TestArgsRequireAuditTags(t *testing.T) {
 		})
 	}
 }
+
+// hiddenBase's fields are tagged, but an unexported embedding hides them
+// from reflection, so they would never reach the summary.
+type hiddenBase struct {
+	S string `json:"s" audit:"clear"`
+}
+
+type embedsHidden struct{ hiddenBase }
 
 // Embedded has an untagged string field.
 type Embedded struct {

@@ -97,10 +97,14 @@ func auditedFields(t reflect.Type) []auditedField {
 // tag is missing or does not fit its type.
 func checkAuditTags(t reflect.Type) error {
 	for i := 0; i < t.NumField(); i++ {
-		if f := t.Field(i); isEmbedded(f) {
+		f := t.Field(i)
+		switch {
+		case isEmbedded(f):
 			if err := checkAuditTags(f.Type); err != nil {
 				return err
 			}
+		case f.Anonymous && !f.IsExported() && f.Tag.Get("json") == "":
+			return fmt.Errorf("%s embeds unexported %s: the audit summary cannot read its fields; export it", t, f.Type)
 		}
 	}
 	for _, f := range auditedFields(t) {

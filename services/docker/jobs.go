@@ -8,7 +8,6 @@ import (
 	"os"
 	"path"
 	"path/filepath"
-	"sort"
 	"strings"
 	"sync"
 	"time"
@@ -44,11 +43,6 @@ func (s *Session) StartJob(ctx context.Context, spec sandbox.JobSpec, sink sandb
 	if timeout > agent.MaxTimeoutMS*time.Millisecond {
 		return nil, brokererr.New(brokererr.InvalidInput, "the timeout may be at most %s", agent.MaxTimeoutMS*time.Millisecond)
 	}
-	env := make([]string, 0, len(spec.Env))
-	for k, v := range spec.Env {
-		env = append(env, k+"="+v)
-	}
-	sort.Strings(env)
 
 	e := s.e
 	s.mu.Lock()
@@ -65,7 +59,7 @@ func (s *Session) StartJob(ctx context.Context, spec sandbox.JobSpec, sink sandb
 	if err != nil {
 		return nil, err
 	}
-	w, err := s.openWorkspace(ctx)
+	w, err := s.OpenWorkspace(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -94,7 +88,7 @@ func (s *Session) StartJob(ctx context.Context, spec sandbox.JobSpec, sink sandb
 	req := agent.JobRequest{
 		Command:     spec.Command,
 		WorkDir:     wd,
-		Env:         env,
+		Env:         spec.EnvList(),
 		TimeoutMS:   max(timeout.Milliseconds(), 1),
 		Interactive: spec.Interactive,
 	}
@@ -225,7 +219,7 @@ type egressSocket struct {
 }
 
 func newEgressSocket(runDir string, uid int) (*egressSocket, error) {
-	name := "egress-" + newID() + ".sock"
+	name := "egress-" + sandbox.NewID() + ".sock"
 	p := filepath.Join(runDir, name)
 	if len(p) > maxSocketPath {
 		return nil, errors.New("run dir path too long for a unix socket")

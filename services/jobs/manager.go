@@ -166,18 +166,10 @@ func (m *Manager) Prune(ctx context.Context) {
 
 // recover closes out jobs a previous broker left running.
 func (m *Manager) recover(ctx context.Context) error {
-	rows, err := m.db.QueryContext(ctx, `SELECT id FROM jobs WHERE status = ?`, StatusRunning)
+	ids, err := m.ids(ctx, `SELECT id FROM jobs WHERE status = ?`, StatusRunning)
 	if err != nil {
 		return err
 	}
-	var ids []string
-	for rows.Next() {
-		var id string
-		if rows.Scan(&id) == nil && IDPattern.MatchString(id) {
-			ids = append(ids, id)
-		}
-	}
-	rows.Close()
 	now := m.o.Now()
 	for _, id := range ids {
 		if l, err := openLog(m.logDir(id), m.o.LogMaxBytes); err == nil {
@@ -193,12 +185,14 @@ func (m *Manager) recover(ctx context.Context) error {
 	return m.prune(ctx, now)
 }
 
-func (m *Manager) prune(ctx context.Context, now time.Time) error {
-	cut := now.Add(-m.o.Retention).UnixMilli()
-	rows, err := m.db.QueryContext(ctx, `SELECT id FROM jobs WHERE status != ? AND ended_at < ?`, StatusRunning, cut)
+// ids runs query and returns the well-formed job IDs it selects (they
+// name log directories).
+func (m *Manager) ids(ctx context.Context, query string, args ...any) ([]string, error) {
+	rows, err := m.db.QueryContext(ctx, query, args...)
 	if err != nil {
-		return err
+		return nil, err
 	}
+	defer rows.Close()
 	var ids []string
 	for rows.Next() {
 		var id string
@@ -206,7 +200,15 @@ func (m *Manager) prune(ctx context.Context, now time.Time) error {
 			ids = append(ids, id)
 		}
 	}
-	rows.Close()
+	return ids, rows.Err()
+}
+
+func (m *Manager) prune(ctx context.Context, now time.Time) error {
+	cut := now.Add(-m.o.Retention).UnixMilli()
+	ids, err := m.ids(ctx, `SELECT id FROM jobs WHERE status != ? AND ended_at < ?`, StatusRunning, cut)
+	if err != nil {
+		return err
+	}
 	for _, id := range ids {
 		_ = os.RemoveAll(m.logDir(id))
 		if _, err := m.db.ExecContext(ctx, `DELETE FROM jobs WHERE id = ?`, id); err != nil {
