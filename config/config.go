@@ -85,6 +85,12 @@ type Config struct {
 	// {"react": {"id": "…", "port": 5173}, …}; unset ones fork the
 	// universal image.
 	CSBTemplates string `env:"CSB_TEMPLATES" validate:"omitempty,max=4096,json"`
+	// Previews of local projects: their own listener and origin (see
+	// preview.go); the build_output wait before a build continues as an
+	// execution.
+	PreviewAddr    string `env:"PREVIEW_ADDR" validate:"omitempty,eq=off|listen_addr"`
+	PreviewBaseURL string `env:"PREVIEW_BASE_URL" validate:"omitempty,http_url,max=512"`
+	BuildWaitS     int    `env:"PROJECT_BUILD_WAIT_S" validate:"min=1,max=50"`
 	// GitHub: the repository allow-list; tokens come from the env variables
 	// or files each entry names.
 	GitHubReposFile string `env:"GITHUB_REPOS_FILE" validate:"omitempty,filepath"`
@@ -139,6 +145,7 @@ func Defaults() Config {
 		EgressMaxConns:  32,
 		EgressMaxMB:     256,
 		GitHubAPIURL:    "https://api.github.com/",
+		BuildWaitS:      50,
 
 		OAuthPrincipalClaim: "sub",
 		OAuthDefaultTier:    "free",
@@ -317,6 +324,9 @@ func Validate(c Config) error {
 		return fmt.Errorf("config: %w", err)
 	}
 	if err := validateOAuth(c); err != nil {
+		return err
+	}
+	if err := validatePreview(c); err != nil {
 		return err
 	}
 	if c.PublicBaseURL != "" {

@@ -12,6 +12,8 @@ import (
 	"errors"
 	"fmt"
 	"runtime/debug"
+	"sync"
+	"syscall"
 	"time"
 
 	"github.com/mark3labs/mcp-go/mcp"
@@ -61,6 +63,40 @@ type call struct {
 	params    json.RawMessage
 	source    audit.Source
 	audited   bool // intent row written; the Audit stage owns the outcome row
+
+	mu     sync.Mutex
+	detail map[string]any // the outcome row's params (OutcomeDetail)
+}
+
+// OutcomeDetail records what a call did beyond success or failure in its
+// outcome audit row, e.g. that the work it started continues as an
+// execution: key → value, which must hold no secret. Outside the chain it
+// does nothing.
+func OutcomeDetail(ctx context.Context, key string, value any) {
+	c, ok := ctx.Value(callKey{}).(*call)
+	if !ok {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.detail == nil {
+		c.detail = map[string]any{}
+	}
+	c.detail[key] = value
+}
+
+// outcomeParams is the outcome row's params: the recorded details, or {}.
+func (c *call) outcomeParams() json.RawMessage {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.detail) == 0 {
+		return json.RawMessage(`{}`)
+	}
+	b, err := json.Marshal(c.detail)
+	if err != nil {
+		return json.RawMessage(`{}`)
+	}
+	return b
 }
 
 type callKey struct{}
@@ -161,7 +197,7 @@ func (d Deps) observe(next server.ToolHandlerFunc) server.ToolHandlerFunc {
 			source: d.source(ctx, req.Params.Name)}
 		ctx = context.WithValue(ctx, callKey{}, c)
 		res, err := next(ctx, req)
-		dur := d.Now().Sub(c.start)
+		dur := d.since(c.start)
 		outcome := classify(res, err, c.audited)
 		code := brokererr.CodeOf(err)
 		if !c.audited {
@@ -181,6 +217,13 @@ func (d Deps) observe(next server.ToolHandlerFunc) server.ToolHandlerFunc {
 		ev.Msg("tool_call")
 		return res, err
 	}
+}
+
+// since is the time from start, never negative: with an injected clock
+// that steps back, a negative duration would cost the call its outcome row.
+// (time.Now's monotonic reading never steps back.)
+func (d Deps) since(start time.Time) time.Duration {
+	return max(0, d.Now().Sub(start))
 }
 
 // internalCause is the server-side reason behind an error, for the log only.
@@ -332,7 +375,7 @@ func (d Deps) allowCall(ctx context.Context, tool string) error {
 	p, _ := identity.FromContext(ctx)
 	dec, err := d.Limiter.AllowCall(ctx, p.ID, d.Limits(p))
 	if err != nil {
-		return brokererr.Wrap(err, brokererr.Unavailable, "rate limiter unavailable; try again")
+		return unavailable(err, "rate limiter unavailable; try again")
 	}
 	if !dec.Allowed {
 		d.Metrics.rateLimited.WithLabelValues(tool).Inc()
@@ -351,13 +394,13 @@ func (d Deps) audit(next server.ToolHandlerFunc) server.ToolHandlerFunc {
 		if _, aerr := d.Audit.Append(ctx, intent); aerr != nil {
 			d.Metrics.auditFailures.Inc()
 			d.Log.Error().Str("call_id", c.id).Str("tool", c.tool).Msg("audit_intent_failed")
-			return nil, brokererr.Wrap(aerr, brokererr.Unavailable, "the audit log is unavailable, so the call was refused")
+			return nil, unavailable(aerr, "the audit log is unavailable, so the call was refused")
 		}
 		c.audited = true
 		res, err = d.runHandler(ctx, next, req)
 		out := audit.Record{CallID: c.id, Phase: audit.PhaseOutcome, Principal: c.principal, Tool: c.tool,
-			Params: json.RawMessage(`{}`), Outcome: classify(res, err, true), ErrorCode: string(brokererr.CodeOf(err)),
-			DurationMS: d.Now().Sub(c.start).Milliseconds(), Source: c.source}
+			Params: c.outcomeParams(), Outcome: classify(res, err, true), ErrorCode: string(brokererr.CodeOf(err)),
+			DurationMS: d.since(c.start).Milliseconds(), Source: c.source}
 		// The outcome row uses a context that outlives a cancelled call.
 		actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 		defer cancel()
@@ -367,6 +410,21 @@ func (d Deps) audit(next server.ToolHandlerFunc) server.ToolHandlerFunc {
 		}
 		return res, err
 	}
+}
+
+// sqliteFull is SQLite's SQLITE_FULL result code.
+const sqliteFull = 13
+
+// unavailable refuses a call because a store it must write failed. A full
+// disk is named as such: nothing runs until space is freed, and retrying
+// then succeeds.
+func unavailable(err error, msg string) error {
+	var coded interface{ Code() int }
+	if errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT) ||
+		(errors.As(err, &coded) && coded.Code()&0xff == sqliteFull) {
+		msg = "the broker's storage is full, so the call was refused"
+	}
+	return brokererr.Wrap(err, brokererr.Unavailable, "%s", msg)
 }
 
 // runHandler converts a handler panic into an internal error, so the outcome

@@ -411,6 +411,32 @@ func TestChainHappyPathAudit(t *testing.T) {
 	}
 }
 
+// TestChainClockSteppedBack: a clock stepped back during a call still
+// yields its outcome row (a duration cannot be negative, so it is 0
+// rather than a row the log refuses), and later calls pass the rate
+// limiter and are audited as usual.
+func TestChainClockSteppedBack(t *testing.T) {
+	hx := newHarness(t, harnessOpts{})
+	hx.body = func(context.Context, *chainArgs) (*mcp.CallToolResult, error) {
+		hx.clock.Add(-time.Hour)
+		return mcp.NewToolResultText("done"), nil
+	}
+	for i := range 3 {
+		if res := hx.call(alice(), `{"path":"a"}`); res.IsError {
+			t.Fatalf("call %d: %v", i, res.StructuredContent)
+		}
+	}
+	rows := hx.rows()
+	if len(rows) != 6 {
+		t.Fatalf("%d audit rows for 3 calls, want 6", len(rows))
+	}
+	for _, r := range rows {
+		if r.Phase == audit.PhaseOutcome && (r.DurationMS != 0 || r.Outcome != audit.OutcomeSuccess) {
+			t.Fatalf("outcome row %+v", r)
+		}
+	}
+}
+
 func TestChainRateLimit(t *testing.T) {
 	hx := newHarness(t, harnessOpts{callsPerMinute: 2})
 	for i := 0; i < 2; i++ {
@@ -750,5 +776,43 @@ func TestRowsCarryTheSource(t *testing.T) {
 	if rep, err := audit.Verify(context.Background(), audit.VerifyOptions{Path: hx.auditPath,
 		CheckpointPath: filepath.Join(hx.root, "audit.checkpoints"), Keys: keys}); err != nil || !rep.OK {
 		t.Fatalf("verify: %+v %v", rep, err)
+	}
+}
+
+// TestOutcomeDetailInOutcomeRow: what a handler records with OutcomeDetail
+// lands in its call's outcome row only (the intent row was written
+// before), and a call that records nothing keeps {}.
+func TestOutcomeDetailInOutcomeRow(t *testing.T) {
+	hx := newHarness(t, harnessOpts{})
+	hx.body = func(ctx context.Context, a *chainArgs) (*mcp.CallToolResult, error) {
+		if a.Mode == "read" {
+			return mcp.NewToolResultText("done"), nil
+		}
+		OutcomeDetail(ctx, "build", "continuing as execution exec_1")
+		OutcomeDetail(ctx, "execution_id", "exec_1")
+		return mcp.NewToolResultText("started"), nil
+	}
+	OutcomeDetail(context.Background(), "ignored", true) // outside the chain: no effect, no panic
+	for _, mode := range []string{"write", "read"} {
+		if res := hx.call(alice(), `{"path":"a.txt","mode":"`+mode+`"}`); res.IsError {
+			t.Fatalf("%s: %#v", mode, res.StructuredContent)
+		}
+	}
+	rows := hx.rows()
+	if len(rows) != 4 {
+		t.Fatalf("got %d rows", len(rows))
+	}
+	var detail map[string]any
+	if err := json.Unmarshal(rows[1].Params, &detail); err != nil {
+		t.Fatal(err)
+	}
+	if rows[1].Phase != audit.PhaseOutcome || len(detail) != 2 || detail["build"] != "continuing as execution exec_1" || detail["execution_id"] != "exec_1" {
+		t.Errorf("outcome params %s", rows[1].Params)
+	}
+	if strings.Contains(string(rows[0].Params), "exec_1") {
+		t.Errorf("intent params %s", rows[0].Params)
+	}
+	if string(rows[3].Params) != "{}" {
+		t.Errorf("plain call's outcome params %s", rows[3].Params)
 	}
 }

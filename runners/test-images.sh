@@ -150,7 +150,7 @@ test_node() {
     srv.stdout.once("data", () => {
       http.get({ socketPath: sock, path: "/" }, (res) => {
         let b = ""; res.on("data", (c) => (b += c));
-        res.on("end", () => { console.log(res.statusCode + " " + b.replace(/<[^>]*>/g, "").trim()); srv.kill(); });
+        res.on("end", () => { console.log(res.statusCode + " " + (b.match(/<h1>([^<]*)<\/h1>/) || [])[1]); srv.kill(); });
       }).on("error", (e) => { console.error(e.message); srv.kill(); process.exit(1); });
     });
     setTimeout(() => { console.error("no answer"); srv.kill(); process.exit(1); }, 20000).unref();'

@@ -38,6 +38,17 @@ func BenchmarkEngine(b *testing.B) {
 	pc := pbroker.Client(b, testToken)
 	pwarm := benchRun(b, pc, map[string]any{"language": "python", "code": "print(1)"})
 	p50 := map[string]time.Duration{}
+	// The same Docker engine under gVisor (SANDBOX_RUNTIME=runsc), when
+	// the daemon has it (CI must).
+	var rbroker *Broker
+	var rc *client.Client
+	var rwarm string
+	if haveRunsc(b) {
+		rbroker = StartHTTP(b, BrokerOpts{Token: testToken, Env: map[string]string{"SANDBOX_RUNTIME": "runsc", "SANDBOX_POOL_SIZE": "2", "RATE_LIMIT_PER_MINUTE": "100000"}})
+		rc = rbroker.Client(b, testToken)
+		waitPool(b, rbroker, map[string]int{"python": 2, "bash": 2, "typescript": 2})
+		rwarm = benchRun(b, rc, map[string]any{"language": "python", "code": "print(1)"})
+	}
 
 	cases := []struct {
 		name string
@@ -51,6 +62,16 @@ func BenchmarkEngine(b *testing.B) {
 			d := timed(func() { id = benchRun(b, c, map[string]any{"language": "python", "code": "print(1)"}) })
 			callTool(b, c, "close_session", map[string]any{"session_id": id})
 			waitPool(b, broker, map[string]int{"python": 1})
+			return d
+		}},
+		{"runsc_warm_print1", func(b *testing.B) time.Duration {
+			return timed(func() { benchRun(b, rc, map[string]any{"session_id": rwarm, "language": "python", "code": "print(1)"}) })
+		}},
+		{"runsc_new_session_print1", func(b *testing.B) time.Duration {
+			var id string
+			d := timed(func() { id = benchRun(b, rc, map[string]any{"language": "python", "code": "print(1)"}) })
+			callTool(b, rc, "close_session", map[string]any{"session_id": id})
+			waitPool(b, rbroker, map[string]int{"python": 1})
 			return d
 		}},
 		{"pandas_matplotlib_zygote", func(b *testing.B) time.Duration {
@@ -93,6 +114,9 @@ func BenchmarkEngine(b *testing.B) {
 		}},
 	}
 	for _, cs := range cases {
+		if strings.HasPrefix(cs.name, "runsc_") && rc == nil {
+			continue
+		}
 		b.Run(cs.name, func(b *testing.B) {
 			lat := make([]time.Duration, 0, b.N)
 			for i := 0; i < b.N; i++ {
@@ -110,6 +134,11 @@ func BenchmarkEngine(b *testing.B) {
 			ms(p50["warm_print1"]), ms(p50["baseline_docker_run_print1"]), float64(p50["baseline_docker_run_print1"])/float64(p50["warm_print1"]),
 			ms(p50["new_session_print1"]), ms(p50["pandas_matplotlib_zygote"]), ms(p50["baseline_pandas_fresh_interpreter"]),
 			float64(p50["baseline_pandas_fresh_interpreter"])/float64(max(p50["pandas_matplotlib_zygote"], 1)))
+	}
+	if p50["runsc_warm_print1"] > 0 && p50["warm_print1"] > 0 {
+		fmt.Printf("summary: gVisor (runsc) warm print(1) p50 %.1f ms vs runc %.1f ms (+%.1f ms); new session p50 %.1f ms vs runc %.1f ms\n",
+			ms(p50["runsc_warm_print1"]), ms(p50["warm_print1"]), ms(p50["runsc_warm_print1"]-p50["warm_print1"]),
+			ms(p50["runsc_new_session_print1"]), ms(p50["new_session_print1"]))
 	}
 	if p50["process_warm_print1"] > 0 && p50["baseline_host_python_print1"] > 0 {
 		fmt.Printf("summary: process backend warm print(1) p50 %.1f ms (target <= 10 ms) vs a bare host /usr/bin/python3 -c %.1f ms (%.1fx faster)\n",

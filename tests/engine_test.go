@@ -39,6 +39,37 @@ func requireDocker(t testing.TB) {
 	}
 }
 
+// forRuntimes runs fn once per OCI runtime (SANDBOX_RUNTIME): runc, and
+// runsc (gVisor) when the daemon has it registered. CI must have it
+// (.ci/run builds and registers it): there a missing runsc fails.
+func forRuntimes(t *testing.T, fn func(t *testing.T, runtime string)) {
+	t.Run("runc", func(t *testing.T) { fn(t, "runc") })
+	t.Run("runsc", func(t *testing.T) {
+		requireRunsc(t)
+		fn(t, "runsc")
+	})
+}
+
+func requireRunsc(t testing.TB) {
+	t.Helper()
+	requireDocker(t)
+	if !haveRunsc(t) {
+		t.Skip("runsc (gVisor) is not registered with the Docker daemon")
+	}
+}
+
+// haveRunsc reports whether the daemon has runsc registered; in CI it
+// must (.ci/run builds gVisor and registers it).
+func haveRunsc(t testing.TB) bool {
+	t.Helper()
+	out, err := exec.Command("docker", "info", "--format", `{{json (index .Runtimes "runsc")}}`).Output()
+	ok := err == nil && strings.Contains(string(out), "runsc")
+	if !ok && os.Getenv("CI") == "true" {
+		t.Fatalf("the Docker daemon has no runsc runtime (required in CI: .ci/run builds gVisor and registers it): %v %s", err, out)
+	}
+	return ok
+}
+
 type runResult struct {
 	SessionID string `json:"session_id"`
 	Success   bool   `json:"success"`
@@ -80,8 +111,10 @@ func engineBroker(t *testing.T, extra map[string]string) *Broker {
 	return StartHTTP(t, BrokerOpts{Token: testToken, Env: env})
 }
 
-func TestRunCodePlainAndStatePersists(t *testing.T) {
-	b := engineBroker(t, nil)
+func TestRunCodePlainAndStatePersists(t *testing.T) { forRuntimes(t, testRunCodePlainAndStatePersists) }
+
+func testRunCodePlainAndStatePersists(t *testing.T, rt string) {
+	b := engineBroker(t, map[string]string{"SANDBOX_RUNTIME": rt})
 	c := b.Client(t, testToken)
 	r, _ := run(t, c, map[string]any{"language": "python", "code": "print(6*7)\nopen('note.txt','w').write('kept')"})
 	if !r.Success || r.ExitCode != 0 || strings.TrimSpace(r.Stdout) != "42" || !regexp.MustCompile(`^sess_[0-9a-f]{12}$`).MatchString(r.SessionID) {
@@ -120,8 +153,10 @@ func TestOutputIsCappedAndEscapesStripped(t *testing.T) {
 	}
 }
 
-func TestTimeoutKillsWholeTree(t *testing.T) {
-	b := engineBroker(t, nil)
+func TestTimeoutKillsWholeTree(t *testing.T) { forRuntimes(t, testTimeoutKillsWholeTree) }
+
+func testTimeoutKillsWholeTree(t *testing.T, rt string) {
+	b := engineBroker(t, map[string]string{"SANDBOX_RUNTIME": rt})
 	c := b.Client(t, testToken)
 	start := time.Now()
 	r, _ := run(t, c, map[string]any{"language": "python", "timeout_s": 2,
@@ -137,8 +172,10 @@ func TestTimeoutKillsWholeTree(t *testing.T) {
 	}
 }
 
-func TestMemoryBombReportedAsOOM(t *testing.T) {
-	b := engineBroker(t, map[string]string{"SANDBOX_MEMORY_MB": "256"})
+func TestMemoryBombReportedAsOOM(t *testing.T) { forRuntimes(t, testMemoryBombReportedAsOOM) }
+
+func testMemoryBombReportedAsOOM(t *testing.T, rt string) {
+	b := engineBroker(t, map[string]string{"SANDBOX_RUNTIME": rt, "SANDBOX_MEMORY_MB": "256"})
 	c := b.Client(t, testToken)
 	r, _ := run(t, c, map[string]any{"language": "python", "code": "x = bytearray(2 << 30)\nprint('allocated')"})
 	if !r.OOMKilled || r.Success || strings.Contains(r.Stdout, "allocated") {
@@ -150,8 +187,10 @@ func TestMemoryBombReportedAsOOM(t *testing.T) {
 	}
 }
 
-func TestForkBombContained(t *testing.T) {
-	b := engineBroker(t, nil)
+func TestForkBombContained(t *testing.T) { forRuntimes(t, testForkBombContained) }
+
+func testForkBombContained(t *testing.T, rt string) {
+	b := engineBroker(t, map[string]string{"SANDBOX_RUNTIME": rt})
 	c := b.Client(t, testToken)
 	start := time.Now()
 	r, _ := run(t, c, map[string]any{"language": "bash", "timeout_s": 10, "code": "bomb() { bomb | bomb & }; bomb; sleep 3; echo done"})
@@ -170,7 +209,11 @@ func TestForkBombContained(t *testing.T) {
 }
 
 func TestNoNetworkAndNoWritesOutsideWorkspace(t *testing.T) {
-	b := engineBroker(t, nil)
+	forRuntimes(t, testNoNetworkAndNoWritesOutsideWorkspace)
+}
+
+func testNoNetworkAndNoWritesOutsideWorkspace(t *testing.T, rt string) {
+	b := engineBroker(t, map[string]string{"SANDBOX_RUNTIME": rt})
 	c := b.Client(t, testToken)
 	code := `
 import socket, os
@@ -365,8 +408,10 @@ func TestUploadFileRules(t *testing.T) {
 
 // TestMarketingReportDemo is the spec's end-to-end demo: upload a CSV, chart
 // it, build a PDF report, download the PDF through its signed URL.
-func TestMarketingReportDemo(t *testing.T) {
-	b := engineBroker(t, nil)
+func TestMarketingReportDemo(t *testing.T) { forRuntimes(t, testMarketingReportDemo) }
+
+func testMarketingReportDemo(t *testing.T, rt string) {
+	b := engineBroker(t, map[string]string{"SANDBOX_RUNTIME": rt})
 	c := b.Client(t, testToken)
 	csv := "month,channel,spend,revenue\n"
 	for m := 1; m <= 12; m++ {
@@ -456,7 +501,11 @@ func TestCloseSessionLeavesNoContainer(t *testing.T) {
 }
 
 func TestRestartKeepsWorkspaceAndSweepsOrphans(t *testing.T) {
-	b := engineBroker(t, nil)
+	forRuntimes(t, testRestartKeepsWorkspaceAndSweepsOrphans)
+}
+
+func testRestartKeepsWorkspaceAndSweepsOrphans(t *testing.T, rt string) {
+	b := engineBroker(t, map[string]string{"SANDBOX_RUNTIME": rt})
 	c := b.Client(t, testToken)
 	r, _ := run(t, c, map[string]any{"session_id": "survivor", "language": "python", "code": "open('keep.txt','w').write('still here')"})
 	if len(containersLabelled(t, "sandbox.root="+b.Root)) == 0 {
@@ -482,8 +531,10 @@ func TestRestartKeepsWorkspaceAndSweepsOrphans(t *testing.T) {
 	}
 }
 
-func TestWorkspaceQuotaEnforced(t *testing.T) {
-	b := engineBroker(t, map[string]string{"SANDBOX_MAX_WORKSPACE_MB": "5", "SANDBOX_MAX_FILES": "50"})
+func TestWorkspaceQuotaEnforced(t *testing.T) { forRuntimes(t, testWorkspaceQuotaEnforced) }
+
+func testWorkspaceQuotaEnforced(t *testing.T, rt string) {
+	b := engineBroker(t, map[string]string{"SANDBOX_RUNTIME": rt, "SANDBOX_MAX_WORKSPACE_MB": "5", "SANDBOX_MAX_FILES": "50"})
 	c := b.Client(t, testToken)
 	r, _ := run(t, c, map[string]any{"language": "python", "code": "open('keep.txt','w').write('ok')"})
 	cases := map[string]string{
@@ -585,7 +636,11 @@ open("blob.bin", "wb").write(bytes(range(256)))
 // host-side check at work: it sees the live thread in a new session and
 // replaces the container.
 func TestZombieLeaderThreadsDoNotSurvive(t *testing.T) {
-	b := engineBroker(t, nil)
+	forRuntimes(t, testZombieLeaderThreadsDoNotSurvive)
+}
+
+func testZombieLeaderThreadsDoNotSurvive(t *testing.T, rt string) {
+	b := engineBroker(t, map[string]string{"SANDBOX_RUNTIME": rt})
 	c := b.Client(t, testToken)
 	spawn := `
 import ctypes, os, threading, time

@@ -1,9 +1,12 @@
 package tests
 
 import (
+	"context"
 	"io"
+	"net"
 	"net/http"
 	"net/http/cookiejar"
+	"net/url"
 	"os"
 	"os/exec"
 	"regexp"
@@ -23,6 +26,31 @@ func requireNodeRunner(t *testing.T) {
 		}
 		t.Skip("runner-node image missing; run `make runners`")
 	}
+}
+
+// previewClient fetches preview links like a browser: every name under
+// localhost (the default preview origins, {sandbox_id}.localhost) goes to
+// loopback, which Go's resolver does not do by itself.
+func previewClient(jar http.CookieJar) *http.Client {
+	d := &net.Dialer{Timeout: 10 * time.Second}
+	return &http.Client{Jar: jar, Timeout: 60 * time.Second, Transport: &http.Transport{
+		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			if host, port, err := net.SplitHostPort(addr); err == nil && strings.HasSuffix(host, ".localhost") {
+				addr = net.JoinHostPort("127.0.0.1", port)
+			}
+			return d.DialContext(ctx, network, addr)
+		},
+	}}
+}
+
+// previewOrigin is scheme://host:port of a preview link.
+func previewOrigin(t *testing.T, link string) string {
+	t.Helper()
+	u, err := url.Parse(link)
+	if err != nil || u.Host == "" {
+		t.Fatalf("preview link %q: %v", link, err)
+	}
+	return u.Scheme + "://" + u.Host
 }
 
 func fetch(t *testing.T, hc *http.Client, u string) (int, string, http.Header) {
@@ -50,13 +78,17 @@ func TestLocalReactProjectBuildsAndPreviews(t *testing.T) {
 		t.Fatalf("create: %+v", res.Content)
 	}
 	resultJSON(t, res, &created)
-	if created.Provider != "local" || !strings.HasPrefix(created.PreviewURL, b.URL+"/preview/"+created.SandboxID+"/?") {
+	// The preview has an origin of its own: the sandbox's name under
+	// localhost, on the preview listener, not the broker's.
+	origin := previewOrigin(t, created.PreviewURL)
+	if created.Provider != "local" || !strings.HasPrefix(origin, "http://"+created.SandboxID+".localhost:") || origin == b.URL ||
+		!strings.HasPrefix(created.PreviewURL, origin+"/preview/"+created.SandboxID+"/?") {
 		t.Fatalf("created %+v", created)
 	}
 
 	// Before a build the preview says what to do.
 	jar, _ := cookiejar.New(nil)
-	hc := &http.Client{Jar: jar, Timeout: 30 * time.Second}
+	hc := previewClient(jar)
 	if code, _, _ := fetch(t, hc, created.PreviewURL); code == http.StatusOK {
 		t.Fatal("preview served before any build")
 	}
@@ -79,17 +111,21 @@ func TestLocalReactProjectBuildsAndPreviews(t *testing.T) {
 		t.Fatalf("no script in page: %s", page)
 	}
 	// The asset is fetched with the cookie the signed link set.
-	code, js, _ := fetch(t, hc, b.URL+"/preview/"+created.SandboxID+"/"+m[1])
+	code, js, _ := fetch(t, hc, origin+"/preview/"+created.SandboxID+"/"+m[1])
 	if code != http.StatusOK || !strings.Contains(js, marker) {
 		t.Fatalf("asset %d, marker present: %v", code, strings.Contains(js, marker))
 	}
 	// Without the link or cookie, or with a tampered one: 403.
-	if code, _, _ := fetch(t, &http.Client{Timeout: 10 * time.Second}, b.URL+"/preview/"+created.SandboxID+"/"); code != http.StatusForbidden {
+	if code, _, _ := fetch(t, previewClient(nil), origin+"/preview/"+created.SandboxID+"/"); code != http.StatusForbidden {
 		t.Fatalf("no proof: %d", code)
 	}
 	tampered := strings.Replace(created.PreviewURL, "sig=", "sig=A", 1)
-	if code, _, _ := fetch(t, &http.Client{Timeout: 10 * time.Second}, tampered); code != http.StatusForbidden {
+	if code, _, _ := fetch(t, previewClient(nil), tampered); code != http.StatusForbidden {
 		t.Fatalf("tampered: %d", code)
+	}
+	// The broker's own listener serves no previews any more.
+	if code, _, _ := fetch(t, &http.Client{Timeout: 10 * time.Second}, b.URL+"/preview/"+created.SandboxID+"/?"+strings.SplitN(created.PreviewURL, "?", 2)[1]); code != http.StatusNotFound {
+		t.Fatalf("preview on the MCP listener: %d", code)
 	}
 
 	// A second principal cannot see or use the sandbox.
@@ -116,18 +152,25 @@ func TestLocalNodeProjectPreviewThroughSocket(t *testing.T) {
 	requireNodeRunner(t)
 	b := StartHTTP(t, BrokerOpts{Token: testToken, Env: map[string]string{"SANDBOX_POOL_SIZE": "0"}})
 	c := b.Client(t, testToken)
-	// After its first answer the app swaps its socket for a symlink to the
-	// host's Docker socket: the broker must not follow it.
+	// While it answers its first request the app swaps its socket for a
+	// symlink to the host's Docker socket: the broker must not follow it.
+	// The swap comes before the answer, so once the test has the answer the
+	// next dial meets the symlink. (Swapping after res.end() was a race:
+	// the answer is in the kernel when res.end() returns, and if node was
+	// descheduled before the swap, the next request reached the live
+	// socket and got "answer 2". The busy loop after the answer keeps that
+	// window open, so a regression to that order fails every time.)
 	server := `const http = require('node:http'), fs = require('node:fs')
 const sock = process.env.PREVIEW_SOCKET
 let n = 0
 const srv = http.createServer((req, res) => {
   n++
   console.log('request ' + n + ' ' + req.url)
+  if (n === 1) { fs.unlinkSync(sock); fs.symlinkSync('/var/run/docker.sock', sock) }
   res.setHeader('Set-Cookie', 'sbx_preview=evil; Path=/')
   res.setHeader('Clear-Site-Data', '"cookies"')
   res.end('<h1>node app answer ' + n + '</h1>')
-  if (n === 1) { fs.unlinkSync(sock); fs.symlinkSync('/var/run/docker.sock', sock) }
+  if (n === 1) { const until = Date.now() + 300; while (Date.now() < until) {} }
 })
 try { fs.unlinkSync(sock) } catch {}
 srv.listen(sock, () => console.log('listening'))
@@ -136,7 +179,7 @@ srv.listen(sock, () => console.log('listening'))
 	resultJSON(t, callTool(t, c, "create_sandbox_for_project", map[string]any{"project_name": "api", "template": "node",
 		"initial_files": map[string]string{"server.js": server}}), &created)
 	jar, _ := cookiejar.New(nil)
-	hc := &http.Client{Jar: jar, Timeout: 60 * time.Second}
+	hc := previewClient(jar)
 	code, page, hdr := fetch(t, hc, created.PreviewURL)
 	if code != http.StatusOK || !strings.Contains(page, "node app answer 1") {
 		t.Fatalf("preview %d: %s", code, page)
@@ -154,7 +197,7 @@ srv.listen(sock, () => console.log('listening'))
 	if hdr.Get("Clear-Site-Data") != "" {
 		t.Error("Clear-Site-Data passed through")
 	}
-	code, page, _ = fetch(t, hc, b.URL+"/preview/"+created.SandboxID+"/version")
+	code, page, _ = fetch(t, hc, previewOrigin(t, created.PreviewURL)+"/preview/"+created.SandboxID+"/version")
 	if code != http.StatusBadGateway || strings.Contains(page, "ApiVersion") {
 		t.Fatalf("after the symlink swap: %d %s", code, page)
 	}
@@ -180,26 +223,26 @@ func TestLocalStaticPreviewRefusesSymlinks(t *testing.T) {
 		t.Fatalf("build: %+v", out)
 	}
 	jar, _ := cookiejar.New(nil)
-	hc := &http.Client{Jar: jar, Timeout: 30 * time.Second}
+	hc := previewClient(jar)
 	if code, page, _ := fetch(t, hc, created.PreviewURL); code != http.StatusOK || !strings.Contains(page, "static ok") {
 		t.Fatalf("preview %d: %s", code, page)
 	}
 	for _, p := range []string{"leak.txt", "sub/etc/passwd", "../meta", "%2e%2e/%2e%2e/meta"} {
-		code, page, _ := fetch(t, hc, b.URL+"/preview/"+created.SandboxID+"/"+p)
+		code, page, _ := fetch(t, hc, previewOrigin(t, created.PreviewURL)+"/preview/"+created.SandboxID+"/"+p)
 		if code == http.StatusOK || strings.Contains(page, "root:") {
 			t.Errorf("%s: %d %q", p, code, page)
 		}
 	}
 }
 
-// TestStdioProjectWithoutPreviewLinkStillCreated: over stdio without
-// PUBLIC_BASE_URL there is no address for a preview link, but the project
-// is created all the same, so the tool must say it succeeded (and why the
-// link is missing) rather than fail after doing the work.
+// TestStdioProjectWithoutPreviewLinkStillCreated: with previews turned off
+// there is no address for a preview link, but the project is created all
+// the same, so the tool must say it succeeded (and why the link is
+// missing) rather than fail after doing the work.
 func TestStdioProjectWithoutPreviewLinkStillCreated(t *testing.T) {
 	requireNodeRunner(t)
 	root := brokerRoot(t)
-	c := StartStdio(t, root, map[string]string{"SANDBOX_POOL_SIZE": "0"})
+	c := StartStdio(t, root, map[string]string{"SANDBOX_POOL_SIZE": "0", "PREVIEW_ADDR": "off"})
 	res := callTool(t, c, "create_sandbox_for_project", map[string]any{"project_name": "offline", "template": "node",
 		"initial_files": map[string]string{"server.js": "console.log('hi')\n"}})
 	var created struct {
@@ -208,7 +251,7 @@ func TestStdioProjectWithoutPreviewLinkStillCreated(t *testing.T) {
 	}
 	resultJSON(t, res, &created)
 	if res.IsError || created.Provider != "local" || created.SandboxID == "" || created.PreviewURL != "" ||
-		!strings.Contains(created.PreviewUnavailable, "PUBLIC_BASE_URL") {
+		!strings.Contains(created.PreviewUnavailable, "PREVIEW_ADDR=off") {
 		t.Fatalf("create over stdio: %+v", created)
 	}
 	var list struct {
@@ -222,7 +265,7 @@ func TestStdioProjectWithoutPreviewLinkStillCreated(t *testing.T) {
 	}
 	// Asking for the link says what to configure, and that retrying will not help.
 	e := mustToolError(t, callTool(t, c, "get_sandbox_output", map[string]any{"sandbox_id": created.SandboxID, "output_type": "preview_url"}), "UNAVAILABLE")
-	if e.Retryable || !strings.Contains(e.Message, "PUBLIC_BASE_URL") {
+	if e.Retryable || !strings.Contains(e.Message, "PREVIEW_ADDR=off") {
 		t.Fatalf("preview_url over stdio: %+v", e)
 	}
 	c.Close()

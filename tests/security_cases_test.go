@@ -40,8 +40,14 @@ for root, dirs, files in os.walk("/", topdown=True):
             if os.path.stat.S_ISSOCK(os.lstat(p).st_mode): socks.append(p)
         except OSError: pass
 out["sockets"] = sorted(socks)
-# 15: devices
+# 15: devices; a TUN interface needs CAP_NET_ADMIN
 out["dev"] = sorted(os.listdir("/dev"))
+try:
+    import fcntl, struct
+    fd = os.open("/dev/net/tun", os.O_RDWR)
+    try: fcntl.ioctl(fd, 0x400454ca, struct.pack("16sH", b"x", 2)); out["tun"] = "OK"
+    except OSError as e: out["tun"] = errno.errorcode[e.errno]
+except OSError as e: out["tun"] = errno.errorcode[e.errno]
 # 17: thread bomb
 threads, ev = [], threading.Event()
 try:
@@ -70,7 +76,11 @@ print(json.dumps(out))
 `
 
 func TestSecurityCatalogueContainerCases(t *testing.T) {
-	b := engineBroker(t, nil)
+	forRuntimes(t, testSecurityCatalogueContainerCases)
+}
+
+func testSecurityCatalogueContainerCases(t *testing.T, rt string) {
+	b := engineBroker(t, map[string]string{"SANDBOX_RUNTIME": rt})
 	c := b.Client(t, testToken)
 	r, _ := run(t, c, map[string]any{"language": "python", "code": catalogueProbe, "timeout_s": 120})
 	var p map[string]any
@@ -101,10 +111,21 @@ func TestSecurityCatalogueContainerCases(t *testing.T) {
 	}
 	allowed := map[string]bool{"null": true, "zero": true, "full": true, "random": true, "urandom": true, "tty": true,
 		"pts": true, "ptmx": true, "shm": true, "mqueue": true, "fd": true, "stdin": true, "stdout": true, "stderr": true, "core": true, "console": true}
+	wantTun := "ENOENT"
+	if rt == "runsc" {
+		// gVisor's Sentry always adds its own emulated devices: FUSE
+		// (mounting it needs mount, which seccomp refuses), TUN (needs
+		// CAP_NET_ADMIN) and the /dev/char links. None is a host device.
+		allowed["fuse"], allowed["net"], allowed["char"] = true, true, true
+		wantTun = "EPERM"
+	}
 	for _, d := range p["dev"].([]any) {
 		if !allowed[d.(string)] {
 			t.Errorf("case 15: unexpected /dev entry %v", d)
 		}
+	}
+	if p["tun"] != wantTun {
+		t.Errorf("case 15: TUNSETIFF on /dev/net/tun: %v, want %s", p["tun"], wantTun)
 	}
 	if n, _ := p["threads"].(float64); n >= 256 || n < 10 {
 		t.Errorf("case 17: %v threads started with a pids limit of 256", n)
@@ -140,8 +161,10 @@ func TestTokensPrintedBySandboxCodeAreRedacted(t *testing.T) {
 // TestHostPathsNeverReturned: under runc a sandbox can read its mount table,
 // which names the host directories behind its bind mounts; the broker's root
 // must not reach the client that way.
-func TestHostPathsNeverReturned(t *testing.T) {
-	b := engineBroker(t, nil)
+func TestHostPathsNeverReturned(t *testing.T) { forRuntimes(t, testHostPathsNeverReturned) }
+
+func testHostPathsNeverReturned(t *testing.T, rt string) {
+	b := engineBroker(t, map[string]string{"SANDBOX_RUNTIME": rt})
 	c := b.Client(t, testToken)
 	res := callTool(t, c, "run_code", map[string]any{"language": "bash", "code": "cat /proc/self/mountinfo"})
 	j, _ := json.Marshal(res)

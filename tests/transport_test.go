@@ -22,20 +22,28 @@ import (
 // cleaning) and reads the response.
 func rawRequest(t testing.TB, b *Broker, method, target string, headers ...string) *http.Response {
 	t.Helper()
-	c, err := net.Dial("tcp", strings.TrimPrefix(b.URL, "http://"))
+	resp, _ := rawRequestTo(t, strings.TrimPrefix(b.URL, "http://"), "127.0.0.1", method, target, headers...)
+	return resp
+}
+
+// rawRequestTo is rawRequest to any address with any Host header; it
+// returns the response and its body (up to 1 MiB).
+func rawRequestTo(t testing.TB, addr, host, method, target string, headers ...string) (*http.Response, string) {
+	t.Helper()
+	c, err := net.Dial("tcp", addr)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer c.Close()
 	_ = c.SetDeadline(time.Now().Add(20 * time.Second))
-	fmt.Fprintf(c, "%s %s HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n%s\r\n", method, target, strings.Join(append(headers, ""), "\r\n"))
+	fmt.Fprintf(c, "%s %s HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n%s\r\n", method, target, host, strings.Join(append(headers, ""), "\r\n"))
 	resp, err := http.ReadResponse(bufio.NewReader(c), &http.Request{Method: method})
 	if err != nil {
-		t.Fatalf("%s %s: %v", method, target, err)
+		t.Fatalf("%s %s (Host %s): %v", method, target, host, err)
 	}
-	_, _ = io.Copy(io.Discard, resp.Body)
+	body, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
 	resp.Body.Close()
-	return resp
+	return resp, string(body)
 }
 
 // TestNonCanonicalPathsRefused: the broker refuses a request path that

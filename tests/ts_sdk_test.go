@@ -20,11 +20,15 @@ import (
 // exhausts it with the free token and budgets the pro tokens' calls under it.
 const tsRateLimit = 5
 
+// tsBuildWaitS is PROJECT_BUILD_WAIT_S for the TypeScript run: the slow
+// build test's build outlasts it.
+const tsBuildWaitS = 3
+
 // TestTypeScriptSDK runs tests/ts (node's test runner, the official
 // @modelcontextprotocol/sdk) against a fresh broker. Node and npm are
 // required: CI must install them, so their absence is a failure, not a skip.
 func TestTypeScriptSDK(t *testing.T) {
-	requireDocker(t) // run_code and execute_code need a sandbox backend
+	requireNodeRunner(t) // run_code and execute_code need a sandbox backend, project builds the Node runner
 	node, err := exec.LookPath("node")
 	if err != nil {
 		t.Fatalf("node is required for the TypeScript SDK tests (install Node.js >= 20 and put it on PATH): %v", err)
@@ -43,7 +47,7 @@ func TestTypeScriptSDK(t *testing.T) {
 	var entries []map[string]string
 	for _, p := range []struct{ principal, tier string }{
 		{"ts-pro", "pro"}, {"ts-pro-aux", "pro"}, {"ts-free", "free"}, {"ts-stream", "pro"},
-		{"ts-files", "pro"}, {"ts-files-other", "pro"},
+		{"ts-files", "pro"}, {"ts-files-other", "pro"}, {"ts-build", "pro"},
 	} {
 		tok := randomToken(t)
 		tokens[p.principal] = tok
@@ -62,6 +66,7 @@ func TestTypeScriptSDK(t *testing.T) {
 	b := StartHTTP(t, BrokerOpts{Env: map[string]string{
 		"MCP_TOKENS_FILE":       tokensFile,
 		"RATE_LIMIT_PER_MINUTE": strconv.Itoa(tsRateLimit),
+		"PROJECT_BUILD_WAIT_S":  strconv.Itoa(tsBuildWaitS),
 	}})
 
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
@@ -76,6 +81,8 @@ func TestTypeScriptSDK(t *testing.T) {
 		"BROKER_STREAM_TOKEN="+tokens["ts-stream"],
 		"BROKER_FILES_TOKEN="+tokens["ts-files"],
 		"BROKER_FILES_OTHER_TOKEN="+tokens["ts-files-other"],
+		"BROKER_BUILD_TOKEN="+tokens["ts-build"],
+		"BROKER_BUILD_WAIT_S="+strconv.Itoa(tsBuildWaitS),
 		"BROKER_RATE_LIMIT="+strconv.Itoa(tsRateLimit),
 		"NO_COLOR=1",
 	)

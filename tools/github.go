@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/base64"
+	"time"
 	"unicode/utf8"
 
 	"github.com/mark3labs/mcp-go/mcp"
@@ -63,16 +64,36 @@ func gitHubReady(m GitHubCommitter) error {
 	return nil
 }
 
-// GitHubCommitResult is the commit tools' structured output.
+// GitHubCommitResult is the commit tools' structured output. PRError says
+// why a pull request that was asked for is missing; the commit stands.
 type GitHubCommitResult struct {
-	Success   bool   `json:"success"`
-	CommitSHA string `json:"commit_sha"`
-	Branch    string `json:"branch"`
-	PRURL     string `json:"pr_url,omitempty"`
+	Success   bool         `json:"success"`
+	CommitSHA string       `json:"commit_sha"`
+	Branch    string       `json:"branch"`
+	PRURL     string       `json:"pr_url,omitempty"`
+	PRError   *ErrorDetail `json:"pr_error,omitempty"`
+}
+
+// ErrorDetail is a structured error inside a successful result: the same
+// fields as a failed call's body.
+type ErrorDetail struct {
+	Error       string `json:"error"`
+	Message     string `json:"message"`
+	Retryable   bool   `json:"retryable"`
+	RetryAfterS int64  `json:"retry_after_s,omitempty"`
+}
+
+func errorDetail(e *brokererr.Error) *ErrorDetail {
+	if e == nil {
+		return nil
+	}
+	return &ErrorDetail{Error: string(e.Code), Message: e.Message, Retryable: e.Retryable,
+		RetryAfterS: int64((e.RetryAfter + time.Second - 1) / time.Second)}
 }
 
 func commitResult(res ghsvc.CommitResult) (*mcp.CallToolResult, error) {
-	return jsonResult(GitHubCommitResult{Success: true, CommitSHA: res.CommitSHA, Branch: res.Branch, PRURL: res.PRURL})
+	return jsonResult(GitHubCommitResult{Success: true, CommitSHA: res.CommitSHA, Branch: res.Branch, PRURL: res.PRURL,
+		PRError: errorDetail(res.PRError)})
 }
 
 // CommitAndPushArgs are commit_and_push_to_github's arguments.

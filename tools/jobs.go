@@ -237,9 +237,11 @@ func (j *Jobs) page(ctx context.Context, p identity.Principal, id string, since 
 }
 
 // follow waits up to d for the job to end, streaming its output as
-// notifications, and returns the events from the start.
-func (j *Jobs) follow(ctx context.Context, p identity.Principal, id string, d time.Duration) (ExecutionResult, error) {
+// notifications and a progress tick every second (what names the job in
+// it), and returns the events from the start.
+func (j *Jobs) follow(ctx context.Context, p identity.Principal, id, what string, d time.Duration) (ExecutionResult, error) {
 	n := newNotifier(ctx, j.Engine.Redact)
+	defer n.tick(ctx, what, time.Second)()
 	done := j.Jobs.Done(p.ID, id)
 	timer := time.NewTimer(d)
 	defer timer.Stop()
@@ -247,7 +249,7 @@ func (j *Jobs) follow(ctx context.Context, p identity.Principal, id string, d ti
 	for done != nil {
 		changed := j.Jobs.Changed(p.ID, id)
 		if n != nil && n.outputCut() {
-			n.progress(ctx, "execution running") // a sign of life only
+			n.progress(ctx, what+" running") // a sign of life only
 		} else if n != nil {
 			out, err := j.Jobs.Read(ctx, p.ID, id, jobs.ReadRequest{Since: seen, MaxEvents: maxPageEvents, MaxBytes: maxPageBytes})
 			if err == nil {
@@ -256,7 +258,7 @@ func (j *Jobs) follow(ctx context.Context, p identity.Principal, id string, d ti
 						data, _ := cleanOutput([]byte(ev.Data), maxPageBytes)
 						n.output(ctx, ev.Type, data)
 					}
-					n.progress(ctx, "execution "+ev.Type)
+					n.progress(ctx, what+" "+ev.Type)
 				}
 				seen = out.Next
 			}
@@ -300,7 +302,7 @@ func (j *Jobs) ExecuteCode() ServerTool {
 				if a.TimeoutSeconds > 0 && time.Duration(a.TimeoutSeconds)*time.Second+5*time.Second < wait {
 					wait = time.Duration(a.TimeoutSeconds)*time.Second + 5*time.Second
 				}
-				res, err = j.follow(ctx, p, id, wait)
+				res, err = j.follow(ctx, p, id, "execution", wait)
 			} else {
 				res, err = j.page(ctx, p, id, 0, 0)
 			}

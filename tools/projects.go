@@ -2,17 +2,38 @@ package tools
 
 import (
 	"context"
+	"sync"
+	"time"
 
 	"github.com/mark3labs/mcp-go/mcp"
 
+	"github.com/sandbox-broker/sandbox-broker/middleware"
 	"github.com/sandbox-broker/sandbox-broker/services/brokererr"
 	"github.com/sandbox-broker/sandbox-broker/services/identity"
+	"github.com/sandbox-broker/sandbox-broker/services/jobs"
 	"github.com/sandbox-broker/sandbox-broker/services/projects"
+	"github.com/sandbox-broker/sandbox-broker/services/sandbox"
 )
 
 // Projects is what the project tools need.
 type Projects struct {
 	Manager *projects.Manager
+	// Runs tracks builds as executions; without it (no sandbox backend,
+	// so no job store) build_output waits for the build to end.
+	Runs *Jobs
+	// BuildWait is how long build_output waits before it returns a build
+	// that goes on as an execution; 0 means maxInlineWait.
+	BuildWait time.Duration
+	Redact    func(string) string // for progress notifications
+
+	mu     sync.Mutex
+	builds map[string]liveBuild // sandbox ID → its last build
+}
+
+// liveBuild is a build running as an execution.
+type liveBuild struct {
+	principal, execID string
+	runner            *projects.BuildRunner
 }
 
 // Limits of the project tools (the spec's).
@@ -102,13 +123,13 @@ func (pr *Projects) WriteFilesToSandbox() ServerTool {
 // GetSandboxOutputArgs are get_sandbox_output's arguments.
 type GetSandboxOutputArgs struct {
 	SandboxID  string `json:"sandbox_id" validate:"required,max=64,clean" audit:"clear" desc:"A sandbox of yours."`
-	OutputType string `json:"output_type" validate:"required,oneof=console_log build_output preview_url" audit:"clear" desc:"console_log (the app's log), build_output (runs the build and returns its output) or preview_url."`
+	OutputType string `json:"output_type" validate:"required,oneof=console_log build_output preview_url" audit:"clear" desc:"console_log (the app's log), build_output (runs the build and returns its output; a build still running after 50 s goes on as an execution) or preview_url."`
 }
 
 // GetSandboxOutput returns a project's log, build output or preview URL.
 func (pr *Projects) GetSandboxOutput() ServerTool {
 	return newTool("get_sandbox_output",
-		"Get a project sandbox's console log, build output (runs the project's build, up to 2 minutes) or preview URL. Output is filtered for secrets and cut to 50 KB.",
+		"Get a project sandbox's console log, build output (runs the project's build, up to 2 minutes: after 50 s a running build is returned as an execution_id to read with get_execution_output) or preview URL. Output is filtered for secrets and cut to 50 KB.",
 		0, writeAnnotations("Get project output", false, false),
 		func(ctx context.Context, p identity.Principal, a *GetSandboxOutputArgs) (*mcp.CallToolResult, error) {
 			if err := pr.ready(); err != nil {
@@ -127,12 +148,9 @@ func (pr *Projects) GetSandboxOutput() ServerTool {
 				}
 				out["preview_url"] = url
 			case projects.OutputBuild:
-				b, code, err := sb.Build(ctx)
-				if err != nil {
+				if err := pr.build(ctx, p, a.SandboxID, sb, out); err != nil {
 					return nil, err
 				}
-				out["exit_code"], out["success"] = code, code == 0
-				out["output"], out["truncated"] = tailOutput(b, maxProjectOutput)
 			default:
 				b, err := sb.ConsoleLog(ctx, maxProjectOutput)
 				if err != nil {
@@ -142,6 +160,92 @@ func (pr *Projects) GetSandboxOutput() ServerTool {
 			}
 			return jsonResult(out)
 		})
+}
+
+// build runs the sandbox's build into out. With a job store the build is
+// an execution: the call follows it for BuildWait, streaming its output
+// and progress, and a build still running then is returned by its
+// execution_id (a second call while it runs follows the same one). The
+// outcome audit row says which happened.
+func (pr *Projects) build(ctx context.Context, p identity.Principal, id string, sb projects.Sandbox, out map[string]any) error {
+	if pr.Runs == nil || pr.Runs.Jobs == nil {
+		stop := newNotifier(ctx, pr.Redact).tick(ctx, "build", time.Second)
+		b, code, err := sb.Build(ctx)
+		stop()
+		if err != nil {
+			return err
+		}
+		out["exit_code"], out["success"] = code, code == 0
+		out["output"], out["truncated"] = tailOutput(b, maxProjectOutput)
+		return nil
+	}
+	lb, err := pr.startBuild(ctx, p, id, sb)
+	if err != nil {
+		return err
+	}
+	wait := pr.BuildWait
+	if wait <= 0 {
+		wait = maxInlineWait
+	}
+	res, err := pr.Runs.follow(ctx, p, lb.execID, "build", wait)
+	out["execution_id"] = lb.execID
+	middleware.OutcomeDetail(ctx, "execution_id", lb.execID)
+	out["output"], out["truncated"] = tailOutput(lb.runner.Output(), maxProjectOutput)
+	if err != nil || res.Status == jobs.StatusRunning {
+		// It goes on: hiding that behind an error would make a retry
+		// look like a new build.
+		out["status"] = jobs.StatusRunning
+		if info, err := pr.Runs.Jobs.Status(ctx, p.ID, lb.execID); err == nil {
+			out["next_since"] = info.LastSeq
+		}
+		out["hint"] = "the build goes on as execution " + lb.execID + ": read the rest with get_execution_output (since=next_since, wait=true) or stop it with cancel_execution"
+		middleware.OutcomeDetail(ctx, "build", "continuing as execution "+lb.execID)
+		return nil
+	}
+	code := -1
+	if res.ExitCode != nil {
+		code = *res.ExitCode
+	}
+	out["status"], out["exit_code"], out["success"] = res.Status, code, res.Status == jobs.StatusCompleted
+	middleware.OutcomeDetail(ctx, "build", res.Status)
+	middleware.OutcomeDetail(ctx, "exit_code", code)
+	return nil
+}
+
+// startBuild starts the sandbox's build as an execution, or returns the
+// one still running (the caller owns the sandbox: Manager.Get said so).
+// Ended builds are dropped from the table here.
+func (pr *Projects) startBuild(ctx context.Context, p identity.Principal, id string, sb projects.Sandbox) (liveBuild, error) {
+	pr.mu.Lock()
+	for k, b := range pr.builds {
+		if pr.Runs.Jobs.Done(b.principal, b.execID) == nil {
+			delete(pr.builds, k)
+		}
+	}
+	lb, running := pr.builds[id]
+	pr.mu.Unlock()
+	if running {
+		return lb, nil
+	}
+	lb = liveBuild{principal: p.ID, runner: projects.NewBuildRunner(sb, 2*maxProjectOutput)}
+	network := "none" // local project containers have no network interface
+	if name := pr.Manager.Provider().Name(); name != "local" {
+		network = "that of the " + name + " VM"
+	}
+	var err error
+	if lb.execID, err = pr.Runs.Jobs.Start(ctx, jobs.StartRequest{
+		Principal: p.ID, SessionID: id, SessionKey: "project:" + id, Runner: lb.runner, Network: network,
+		Spec: sandbox.JobSpec{Command: projects.BuildCommand, Timeout: projects.CommandTimeout},
+	}); err != nil {
+		return liveBuild{}, err
+	}
+	pr.mu.Lock()
+	if pr.builds == nil {
+		pr.builds = map[string]liveBuild{}
+	}
+	pr.builds[id] = lb
+	pr.mu.Unlock()
+	return lb, nil
 }
 
 // tailOutput keeps the end of long output (where build errors are).

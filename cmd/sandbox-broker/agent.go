@@ -13,7 +13,17 @@ import (
 // agentCmd runs the in-sandbox agent: `sandbox-broker agent [--socket path]
 // [--language lang] [--workdir dir] [--sweep auto|container|descendants]
 // [--no-zygote] [--allow-sandbox-clients]`. It is the sandbox container's main process.
-func agentCmd(ctx context.Context, args []string, stderr io.Writer) int {
+// `sandbox-broker agent sessions` instead answers each line on stdin with
+// the live session IDs in its PID namespace (the Docker engine's stray
+// check under gVisor).
+func agentCmd(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	if len(args) == 1 && args[0] == agent.SessionsCommand {
+		if err := agent.ServeSessions(stdin, stdout); err != nil {
+			fmt.Fprintln(stderr, "agent:", err)
+			return 1
+		}
+		return 0
+	}
 	fs := flag.NewFlagSet("agent", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	socket := fs.String("socket", filepath.Join(agent.SocketDir, agent.SocketName), "unix socket to listen on")

@@ -57,7 +57,7 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer, getenv func(s
 	case "audit":
 		return auditCmd(ctx, args[1:], stdout, stderr, getenv)
 	case "agent":
-		return agentCmd(ctx, args[1:], stderr)
+		return agentCmd(ctx, args[1:], stdin, stdout, stderr)
 	case "docs":
 		return docsCmd(args[1:], stdout, stderr)
 	case "version":

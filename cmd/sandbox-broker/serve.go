@@ -34,9 +34,26 @@ func serve(ctx context.Context, args []string, stdin io.Reader, stdout, stderr i
 	}
 	defer b.Close()
 
+	// Previews have a listener of their own, on either transport; it stops
+	// before the broker closes, and the transport stops if it fails.
+	servePreviews, err := b.ListenPreviews()
+	if err != nil {
+		fmt.Fprintln(stderr, "sandbox-broker:", err)
+		return 1
+	}
+	sctx, cancel := context.WithCancel(ctx)
+	var previewErr error
+	previewsDone := make(chan struct{})
+	if servePreviews != nil {
+		go func() { defer close(previewsDone); previewErr = servePreviews(sctx); cancel() }()
+	} else {
+		close(previewsDone)
+	}
+	defer func() { cancel(); <-previewsDone }()
+
 	switch cfg.Transport {
 	case "stdio":
-		err = b.ServeStdio(ctx, stdin, stdout)
+		err = b.ServeStdio(sctx, stdin, stdout)
 	default:
 		if !cfg.IsLoopback() {
 			fmt.Fprintf(stderr, "sandbox-broker: listening beyond loopback on %s; set MCP_ALLOWED_HOSTS and keep it behind TLS\n", cfg.Addr)
@@ -46,7 +63,12 @@ func serve(ctx context.Context, args []string, stdin io.Reader, stdout, stderr i
 			fmt.Fprintln(stderr, "sandbox-broker: MCP_HTTP_ADDR:", err)
 			return 1
 		}
-		err = b.ServeHTTP(ctx, ln)
+		err = b.ServeHTTP(sctx, ln)
+	}
+	cancel()
+	<-previewsDone
+	if previewErr != nil && err == nil {
+		err = fmt.Errorf("preview listener: %w", previewErr)
 	}
 	if err != nil && ctx.Err() == nil {
 		fmt.Fprintln(stderr, "sandbox-broker:", err)

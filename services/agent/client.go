@@ -16,6 +16,11 @@ import (
 	"github.com/sandbox-broker/sandbox-broker/services/sandbox"
 )
 
+// ErrNotReached wraps a failure to connect to the agent: the request was
+// never sent, so nothing ran and the caller may retry on a new sandbox
+// (the agent's container died, say with a restarted Docker daemon).
+var ErrNotReached = errors.New("agent: not reached")
+
 // ClientMargin is added to the request's timeout for the client's deadline:
 // it covers the agent's kill, sweep and output drain.
 const ClientMargin = 10 * time.Second
@@ -42,7 +47,7 @@ func Run(ctx context.Context, socketPath string, req Request) (Response, error) 
 	defer cancel()
 	c, err := DialSocket(dctx, socketPath)
 	if err != nil {
-		return Response{}, fmt.Errorf("agent: dial: %w", err)
+		return Response{}, fmt.Errorf("%w: %w", ErrNotReached, err)
 	}
 	defer c.Close()
 	_ = c.SetDeadline(deadline)

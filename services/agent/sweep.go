@@ -123,6 +123,7 @@ type procInfo struct {
 	sid       int
 	state     byte
 	flags     uint64 // PF_* flags of the thread-group leader
+	threads   int    // num_threads
 	start     uint64 // starttime in clock ticks since boot: (pid, start) names a process
 }
 
@@ -187,7 +188,8 @@ func parseStat(b []byte) (procInfo, bool) {
 	}
 	f := bytes.Fields(b[i+1:])
 	// f[0] is field 3 (state), f[1] field 4 (ppid), f[3] field 6
-	// (session), f[6] field 9 (flags), f[19] field 22 (starttime).
+	// (session), f[6] field 9 (flags), f[17] field 20 (num_threads),
+	// f[19] field 22 (starttime).
 	if len(f) < 20 || len(f[0]) != 1 {
 		return procInfo{}, false
 	}
@@ -203,11 +205,15 @@ func parseStat(b []byte) (procInfo, bool) {
 	if err != nil {
 		return procInfo{}, false
 	}
+	threads, err := strconv.Atoi(string(f[17]))
+	if err != nil {
+		return procInfo{}, false
+	}
 	st, err := strconv.ParseUint(string(f[19]), 10, 64)
 	if err != nil {
 		return procInfo{}, false
 	}
-	return procInfo{ppid: ppid, sid: sid, state: f[0][0], flags: flags, start: st}, true
+	return procInfo{ppid: ppid, sid: sid, state: f[0][0], flags: flags, threads: threads, start: st}, true
 }
 
 // ProcStat is what the sandbox backends read of a thread's stat file

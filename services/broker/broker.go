@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/mark3labs/mcp-go/server"
@@ -60,13 +61,17 @@ type Broker struct {
 	signer    *files.Signer
 	uids      *uids.Allocator // sandbox host uids, shared by the engines
 	slots     *sandbox.Slots  // the live-container cap, shared likewise
-	loopCtx   context.Context
-	stop      context.CancelFunc // ends background loops
-	loops     sync.WaitGroup     // background loops, waited for on Close
-	poolStats func() map[string]int
-	health    healthCache
-	egress    egressQuotas
-	refusals  *httpRefusals
+	// Where previews are served, once ListenPreviews bound their listener;
+	// previewOff says why there is none.
+	preview    atomic.Pointer[previewSite]
+	previewOff string
+	loopCtx    context.Context
+	stop       context.CancelFunc // ends background loops
+	loops      sync.WaitGroup     // background loops, waited for on Close
+	poolStats  func() map[string]int
+	health     healthCache
+	egress     egressQuotas
+	refusals   *httpRefusals
 }
 
 // Options are what the caller supplies besides Config.
@@ -147,7 +152,7 @@ func New(ctx context.Context, cfg config.Config, opts Options) (b *Broker, err e
 		return nil, fmt.Errorf("open state store: %w", err)
 	}
 	b.metrics = middleware.NewMetrics()
-	b.checks = []check{{"audit_log", b.audit.Ping}, {"state_store", b.quota.Ping}}
+	b.checks = []check{{"audit_log", b.audit.Ping}, {"state_store", b.quota.Ping}, {"storage", storageCheck(cfg.Root)}}
 	if err := b.openOAuth(ctx, cfg); err != nil {
 		return nil, fmt.Errorf("oauth: %w", err)
 	}
@@ -159,9 +164,10 @@ func New(ctx context.Context, cfg config.Config, opts Options) (b *Broker, err e
 		return nil, err
 	}
 	eng := b.engine(cfg)
+	runs := &tools.Jobs{Engine: eng, Jobs: b.jobs, Egress: b.egressFor}
 	gh, sf := b.githubDeps()
 	deps := tools.Deps{Usage: b.quota, Limits: b.limits, Engine: eng,
-		Jobs: &tools.Jobs{Engine: eng, Jobs: b.jobs, Egress: b.egressFor}, Projects: &tools.Projects{Manager: b.projects},
+		Jobs: runs, Projects: &tools.Projects{Manager: b.projects, Runs: runs, BuildWait: time.Duration(cfg.BuildWaitS) * time.Second, Redact: b.redactor.String},
 		GitHub: gh, SessionFiles: sf}
 	group := tools.DefaultGroup(deps)
 	if b.tools, err = group.Enable(cfg.Toolsets, cfg.ReadOnly); err != nil {

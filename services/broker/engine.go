@@ -285,14 +285,11 @@ func (b *Broker) openProjects(ctx context.Context, cfg config.Config, agentBin s
 		p, err = local.New(ctx, local.Options{
 			Root:        filepath.Join(cfg.Root, "projects"),
 			AgentBinary: agentBin,
-			Link: func(id string) (string, error) {
-				u, _, err := b.signer.PreviewURL(id)
-				return u, err
-			},
-			Runtime: cfg.Runtime,
-			UIDs:    b.uids,
-			Slots:   b.slots,
-			Log:     b.log, // the provider names its component
+			Link:        b.previewLink,
+			Runtime:     cfg.Runtime,
+			UIDs:        b.uids,
+			Slots:       b.slots,
+			Log:         b.log, // the provider names its component
 		})
 	default:
 		return nil

@@ -22,14 +22,15 @@ import (
 	"github.com/sandbox-broker/sandbox-broker/audit"
 	"github.com/sandbox-broker/sandbox-broker/middleware"
 	"github.com/sandbox-broker/sandbox-broker/services/connguard"
-	"github.com/sandbox-broker/sandbox-broker/services/files"
 	"github.com/sandbox-broker/sandbox-broker/services/identity"
 	"github.com/sandbox-broker/sandbox-broker/services/logging"
 )
 
-// HTTPHandler is the whole HTTP surface:
+// HTTPHandler is the whole HTTP surface but previews, which have a
+// listener and origin of their own (preview.go):
 //
 //	/mcp, /mcp/events  Streamable HTTP (POST, GET stream, DELETE)
+//	/files/            signed downloads
 //	/healthz           liveness, no auth
 //	/readyz            readiness with per-component status, no auth
 //	/metrics           Prometheus, bearer auth
@@ -57,9 +58,6 @@ func (b *Broker) HTTPHandler() http.Handler {
 	mux.Handle("GET /mcp/events", b.authenticate(mcpHandler))
 	mux.Handle("GET /metrics", b.authenticate(promhttp.HandlerFor(b.metrics.Registry, promhttp.HandlerOpts{})))
 	b.mountOAuth(mux)
-	if ps, ok := b.projectPreviews(); ok {
-		mux.Handle(files.PreviewPrefix, b.previewHandler(ps))
-	}
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	})
@@ -119,16 +117,35 @@ func canonicalPath(escaped string) bool {
 // Connections are capped (connguard): those not authenticated yet per
 // client address, and all of them to MCP_MAX_CONNS or half the fd limit.
 func (b *Broker) ServeHTTP(ctx context.Context, ln net.Listener) error {
+	maxConns := b.maxConns()
+	if b.signer.BaseURL == "" {
+		// Links point at the address actually bound (port 0 included).
+		b.signer.BaseURL = "http://" + ln.Addr().String()
+	}
+	b.log.Info().Str("addr", ln.Addr().String()).Msg("http_listening")
+	err := b.serve(ctx, ln, b.HTTPHandler(), connguard.Limits{MaxConns: maxConns, MaxUntrustedPerAddr: min(b.cfg.UnauthPerAddr, maxConns)}, "http")
+	b.log.Info().Msg("http_stopped")
+	return err
+}
+
+// maxConns is MCP_MAX_CONNS, lowered to half the fd limit if need be.
+func (b *Broker) maxConns() int {
 	maxConns := connguard.FitToFileLimit(b.cfg.MaxConns)
 	if maxConns < b.cfg.MaxConns {
 		b.log.Warn().Int("max_conns", maxConns).Int("configured", b.cfg.MaxConns).Msg("http_max_conns_lowered_for_fd_limit")
 	}
-	guard := connguard.New(ln, connguard.Limits{MaxConns: maxConns, MaxUntrustedPerAddr: min(b.cfg.UnauthPerAddr, maxConns)})
+	return maxConns
+}
+
+// serve runs one listener behind a connection guard until ctx ends, then
+// shuts it down gracefully. name prefixes its log events.
+func (b *Broker) serve(ctx context.Context, ln net.Listener, h http.Handler, limits connguard.Limits, name string) error {
+	guard := connguard.New(ln, limits)
 	guard.OnClose = func(reason string) {
-		b.refusalLog("http_conn_closed", b.log.Warn).Str("reason", reason).Msg("http_conn_closed")
+		b.refusalLog(name+"_conn_closed", b.log.Warn).Str("reason", reason).Msg(name + "_conn_closed")
 	}
 	srv := &http.Server{
-		Handler:           b.HTTPHandler(),
+		Handler:           h,
 		ReadHeaderTimeout: 10 * time.Second,
 		IdleTimeout:       2 * time.Minute,
 		MaxHeaderBytes:    64 << 10,
@@ -136,11 +153,6 @@ func (b *Broker) ServeHTTP(ctx context.Context, ln net.Listener) error {
 		ConnContext:       guard.ConnContext,
 		ConnState:         guard.ConnState,
 	}
-	if b.signer.BaseURL == "" {
-		// Links point at the address actually bound (port 0 included).
-		b.signer.BaseURL = "http://" + ln.Addr().String()
-	}
-	b.log.Info().Str("addr", ln.Addr().String()).Msg("http_listening")
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(guard) }()
 	select {
@@ -151,7 +163,6 @@ func (b *Broker) ServeHTTP(ctx context.Context, ln net.Listener) error {
 	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	err := srv.Shutdown(sctx)
-	b.log.Info().Msg("http_stopped")
 	if errors.Is(err, http.ErrServerClosed) {
 		return nil
 	}
@@ -218,19 +229,16 @@ func (b *Broker) limitBody(next http.Handler) http.Handler {
 }
 
 // checkHostOrigin defends against DNS rebinding: the Host header must name
-// this server and a browser Origin, when sent, must be allowed.
+// this server and a browser Origin, when sent, must be allowed. A preview's
+// origin never is, whatever MCP_ALLOWED_ORIGINS says.
 func (b *Broker) checkHostOrigin(next http.Handler) http.Handler {
-	hosts := map[string]bool{"localhost": true, "127.0.0.1": true, "::1": true}
-	for _, h := range b.cfg.AllowedHosts {
-		hosts[strings.ToLower(h)] = true
-	}
+	hosts := b.cfg.BrokerHosts()
 	origins := map[string]bool{}
 	for _, o := range b.cfg.AllowedOrigins {
 		origins[strings.TrimRight(strings.ToLower(o), "/")] = true
 	}
 	if b.cfg.PublicBaseURL != "" {
 		if u, err := url.Parse(b.cfg.PublicBaseURL); err == nil {
-			hosts[strings.ToLower(u.Hostname())] = true
 			origins[strings.ToLower(u.Scheme+"://"+u.Host)] = true
 		}
 	}
@@ -250,7 +258,7 @@ func (b *Broker) checkHostOrigin(next http.Handler) http.Handler {
 		}
 		if o := r.Header.Get("Origin"); o != "" {
 			u, err := url.Parse(o)
-			if err != nil || (!origins[strings.ToLower(strings.TrimRight(o, "/"))] && !hostOK(u.Host)) {
+			if err != nil || b.isPreviewOrigin(u) || (!origins[strings.ToLower(strings.TrimRight(o, "/"))] && !hostOK(u.Host)) {
 				b.refusalLog("origin_rejected", b.log.Warn).Msg("origin_rejected")
 				closeConn(w)
 				writeJSON(w, http.StatusForbidden, map[string]string{"error": "PERMISSION_DENIED", "message": "Origin is not allowed"})

@@ -19,6 +19,13 @@ import (
 )
 
 func testAgentMain(args []string) int {
+	if len(args) == 1 && args[0] == agent.SessionsCommand {
+		if err := agent.ServeSessions(os.Stdin, os.Stdout); err != nil {
+			fmt.Fprintln(os.Stderr, "agent:", err)
+			return 1
+		}
+		return 0
+	}
 	fs := flag.NewFlagSet("agent", flag.ContinueOnError)
 	socket := fs.String("socket", agent.SocketDir+"/"+agent.SocketName, "")
 	language := fs.String("language", "", "")

@@ -109,6 +109,7 @@ type Engine struct {
 	closed   bool
 
 	pools  map[string]*pool
+	live   map[string]*ctr // started containers by Docker ID (see watch)
 	ctx    context.Context // cancelled by Close
 	cancel context.CancelFunc
 	bg     sync.WaitGroup // pool fillers and background removals
@@ -187,11 +188,16 @@ func New(ctx context.Context, o Options) (*Engine, error) {
 		o:        o,
 		cli:      cli,
 		log:      o.Log.With().Str("component", "docker").Logger(),
-		seco:     SeccompProfileJSON(),
+		seco:     SeccompProfileJSON(o.Runtime),
 		dataLink: map[string]bool{},
 		pools:    map[string]*pool{},
+		live:     map[string]*ctr{},
 	}
 	e.ctx, e.cancel = context.WithCancel(context.WithoutCancel(ctx))
+	if err := e.checkRuntime(ctx); err != nil {
+		_ = cli.Close()
+		return nil, err
+	}
 	if _, err := e.discover(ctx); err != nil {
 		_ = cli.Close()
 		return nil, err
@@ -200,6 +206,8 @@ func New(ctx context.Context, o Options) (*Engine, error) {
 		_ = cli.Close()
 		return nil, err
 	}
+	e.bg.Add(1)
+	go e.watch()
 	if o.PoolSize > 0 {
 		e.mu.Lock()
 		for lang := range e.runners {
@@ -399,9 +407,36 @@ type ctr struct {
 	// released nor replaced after a run (only Destroy, a lost agent or the
 	// quota watcher end it).
 	jobs atomic.Int32
-	// gone is set when a job's quota watcher removed the container; the
-	// session drops it on its next use.
+	// gone is set when a job's quota watcher removed the container or the
+	// container died; the session drops it on its next use.
 	gone atomic.Bool
+	// Under gVisor: monitor lists the sandbox's sessions, and sessions is
+	// what the last stray check found (see sessionsBefore), guarded by the
+	// owning session's mu.
+	monitor  *sessionMonitor
+	sessions map[int]bool
+	// died is closed when the watcher learns the container died.
+	died     chan struct{}
+	diedOnce sync.Once
+}
+
+// markDied records that the container is dead.
+func (c *ctr) markDied() {
+	c.gone.Store(true)
+	c.diedOnce.Do(func() { close(c.died) })
+}
+
+// untilDied is ctx with a timeout that also ends when c dies.
+func (c *ctr) untilDied(ctx context.Context, timeout time.Duration) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	go func() {
+		select {
+		case <-c.died:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	return ctx, cancel
 }
 
 func (c *ctr) socket() string { return filepath.Join(c.runDir, agent.SocketName) }
@@ -498,6 +533,7 @@ func (e *Engine) specFor(r runnerImage, id, workspaceDir, runDir, workspaceLabel
 		},
 		Mounts: mounts,
 	}
+	e.applyRuntimeLimits(hc)
 	return cfg, hc
 }
 
@@ -535,7 +571,7 @@ func (e *Engine) dataIsLink(ctx context.Context, r runnerImage) bool {
 // mounted, running as uid, in slot (which it releases if it fails), and
 // waits for its agent.
 func (e *Engine) startContainer(ctx context.Context, r runnerImage, workspaceDir, workspaceLabel string, uid int, slot *sandbox.Slot) (*ctr, error) {
-	c := &ctr{id: sandbox.NewID(), lang: r.Language, img: r.ID, uid: uid, slot: slot}
+	c := &ctr{id: sandbox.NewID(), lang: r.Language, img: r.ID, uid: uid, slot: slot, died: make(chan struct{})}
 	c.runDir = filepath.Join(e.o.Root, "run", c.id)
 	if err := prepareDir(c.runDir, uid); err != nil {
 		slot.Release()
@@ -559,6 +595,7 @@ func (e *Engine) startContainer(ctx context.Context, r runnerImage, workspaceDir
 		return nil, brokererr.Wrap(err, brokererr.Unavailable, "cannot create a %s sandbox", r.Language)
 	}
 	c.dockerID = resp.ID
+	e.track(c)
 	fail := func(err error) (*ctr, error) {
 		_ = e.removeContainer(ctx, c)
 		return nil, err
@@ -566,7 +603,8 @@ func (e *Engine) startContainer(ctx context.Context, r runnerImage, workspaceDir
 	if err := e.cli.ContainerStart(ctx, c.dockerID, container.StartOptions{}); err != nil {
 		return fail(brokererr.Wrap(err, brokererr.Unavailable, "cannot start a %s sandbox", r.Language))
 	}
-	rctx, cancel := context.WithTimeout(ctx, e.o.ReadyTimeout)
+	// Waits end early if the container dies (see watch).
+	rctx, cancel := c.untilDied(ctx, e.o.ReadyTimeout)
 	err = agentWaitReady(rctx, c.socket())
 	cancel()
 	if err != nil {
@@ -581,11 +619,22 @@ func (e *Engine) startContainer(ctx context.Context, r runnerImage, workspaceDir
 		// Runs need the zygote in place: it must exist before a run's
 		// session snapshot (see hasStrays), and a new session's first run
 		// then pays no import cost.
-		wctx, cancel := context.WithTimeout(ctx, e.o.ReadyTimeout)
+		wctx, cancel := c.untilDied(ctx, e.o.ReadyTimeout)
 		if err := agent.WaitWarm(wctx, c.socket()); err != nil {
 			e.log.Warn().Str("container", shortID(c.dockerID)).Msg("zygote_not_warm")
 		}
 		cancel()
+	}
+	if c.gone.Load() {
+		return fail(brokererr.New(brokererr.Unavailable, "the %s sandbox stopped while starting", r.Language))
+	}
+	if e.o.Runtime == RuntimeRunsc {
+		m, err := e.startSessionMonitor(ctx, c)
+		if err != nil {
+			return fail(brokererr.Wrap(err, brokererr.Unavailable, "cannot watch the %s sandbox's processes", r.Language))
+		}
+		c.monitor = m
+		e.sessionsBefore(c) // the first stray-check snapshot, off a pooled container's first run
 	}
 	return c, nil
 }
@@ -594,13 +643,20 @@ func (e *Engine) startContainer(ctx context.Context, r runnerImage, workspaceDir
 // gives back its slot (even if removal failed: the orphan sweep of the next
 // start removes what is left).
 func (e *Engine) removeContainer(ctx context.Context, c *ctr) error {
+	c.monitor.close()
 	var err error
 	if c.dockerID != "" {
+		e.untrack(c)
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), removeTimeout)
 		err = e.cli.ContainerRemove(rctx, c.dockerID, container.RemoveOptions{Force: true, RemoveVolumes: true})
 		cancel()
 		if isNotFound(err) {
 			err = nil
+		}
+		if err != nil {
+			// The daemon is away: the watcher removes c once it is back.
+			c.gone.Store(true)
+			e.track(c)
 		}
 	}
 	_ = os.RemoveAll(c.runDir)

@@ -44,17 +44,32 @@ func (s *Session) StartJob(ctx context.Context, spec sandbox.JobSpec, sink sandb
 		return nil, brokererr.New(brokererr.InvalidInput, "the timeout may be at most %s", agent.MaxTimeoutMS*time.Millisecond)
 	}
 
-	e := s.e
+	req := agent.JobRequest{
+		Command:     spec.Command,
+		Env:         spec.EnvList(),
+		TimeoutMS:   max(timeout.Milliseconds(), 1),
+		Interactive: spec.Interactive,
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.destroyed {
 		return nil, brokererr.New(brokererr.SandboxNotFound, "the sandbox was destroyed")
 	}
-	wd, err := s.jobWorkDir(spec.WorkDir)
-	if err != nil {
-		return nil, err
+	for attempt := 0; ; attempt++ {
+		j, err := s.startJobLocked(ctx, spec, req, sink)
+		if retryOnNewContainer(ctx, attempt, err) {
+			continue
+		}
+		return j, err
 	}
-	// The container first: a claim replaces the workspace directory.
+}
+
+// startJobLocked starts req once in the session's container. Caller holds
+// s.mu.
+func (s *Session) startJobLocked(ctx context.Context, spec sandbox.JobSpec, req agent.JobRequest, sink sandbox.JobSink) (sandbox.Job, error) {
+	e := s.e
+	// The container first: claiming a pooled one renames its directory
+	// onto the workspace path, which the workspace handle must then see.
 	c, err := s.jobContainerLocked(ctx, spec.Language)
 	if err != nil {
 		return nil, err
@@ -69,6 +84,9 @@ func (s *Session) StartJob(ctx context.Context, spec sandbox.JobSpec, sink sandb
 			w.Close()
 		}
 	}()
+	if req.WorkDir, err = s.jobWorkDir(spec.WorkDir); err != nil {
+		return nil, err
+	}
 	before, err := w.Snapshot()
 	if err != nil {
 		return nil, err
@@ -85,13 +103,6 @@ func (s *Session) StartJob(ctx context.Context, spec sandbox.JobSpec, sink sandb
 			e.touchIdle(c)
 		}
 	}()
-	req := agent.JobRequest{
-		Command:     spec.Command,
-		WorkDir:     wd,
-		Env:         spec.EnvList(),
-		TimeoutMS:   max(timeout.Milliseconds(), 1),
-		Interactive: spec.Interactive,
-	}
 	if spec.Egress != nil {
 		if eg, err = newEgressSocket(c.runDir, c.uid); err != nil {
 			e.log.Warn().Err(err).Str("container", shortID(c.dockerID)).Msg("job_egress_socket_failed")
@@ -102,6 +113,9 @@ func (s *Session) StartJob(ctx context.Context, spec sandbox.JobSpec, sink sandb
 	}
 	j, err := agentStartJob(ctx, c.socket(), req, sink)
 	if err != nil {
+		if errors.Is(err, agent.ErrNotReached) {
+			s.dropLocked(c)
+		}
 		return nil, jobStartError(ctx, err)
 	}
 	started, keepW = true, true

@@ -95,8 +95,10 @@ func openSession(t *testing.T, e *Engine) sandbox.Session {
 	return s
 }
 
-func TestJobStreamsAndStdin(t *testing.T) {
-	e := newEngine(t, nil)
+func TestJobStreamsAndStdin(t *testing.T) { forRuntimes(t, testJobStreamsAndStdin) }
+
+func testJobStreamsAndStdin(t *testing.T, rt string) {
+	e := newEngine(t, func(o *Options) { o.Runtime = rt })
 	needRunner(t, e, "python")
 	s := openSession(t, e)
 	o := newJobOutput()
@@ -225,8 +227,10 @@ func TestJobSurvivesExecAndRelease(t *testing.T) {
 	}
 }
 
-func TestJobEgressAndWorkDir(t *testing.T) {
-	e := newEngine(t, nil)
+func TestJobEgressAndWorkDir(t *testing.T) { forRuntimes(t, testJobEgressAndWorkDir) }
+
+func testJobEgressAndWorkDir(t *testing.T, rt string) {
+	e := newEngine(t, func(o *Options) { o.Runtime = rt })
 	needRunner(t, e, "bash")
 	s := openSession(t, e)
 	ctx := context.Background()

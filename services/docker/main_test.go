@@ -108,6 +108,36 @@ func needRunner(t testing.TB, e *Engine, lang string) {
 	}
 }
 
+// forRuntimes runs fn once per OCI runtime: runc, and runsc (gVisor) when
+// the daemon has it registered. CI must have it (.ci/run builds and
+// registers it): there a missing runsc fails the test.
+func forRuntimes(t *testing.T, fn func(t *testing.T, runtime string)) {
+	t.Run("runc", func(t *testing.T) { fn(t, "runc") })
+	t.Run(RuntimeRunsc, func(t *testing.T) {
+		needRunsc(t)
+		fn(t, RuntimeRunsc)
+	})
+}
+
+// needRunsc requires the daemon to have runsc registered (CI: fail; else
+// skip).
+func needRunsc(t testing.TB) {
+	t.Helper()
+	cli := needDocker(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	info, err := cli.Info(ctx)
+	if err != nil {
+		t.Fatalf("docker info: %v", err)
+	}
+	if _, ok := info.Runtimes[RuntimeRunsc]; !ok {
+		if inCI() {
+			t.Fatalf("CI=true but the Docker daemon has no runsc runtime (.ci/run builds gVisor and registers it)")
+		}
+		t.Skip("runsc (gVisor) is not registered with the Docker daemon")
+	}
+}
+
 func newEngine(t testing.TB, mod func(*Options)) *Engine {
 	t.Helper()
 	needDocker(t)

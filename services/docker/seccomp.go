@@ -29,6 +29,11 @@ import (
 //     clone(CLONE_NEWUSER) stays blocked, exactly as unshare is), and clone3,
 //     whose flags live in memory seccomp cannot inspect, fails with ENOSYS so
 //     libc falls back to clone;
+//   - under gVisor (runsc, which must run with --oci-seccomp for this profile
+//     to apply at all) clone3 is allowed instead: runsc turns every ERRNO
+//     rule into EPERM, and glibc falls back to clone only on ENOSYS, so
+//     threads could not start. The Sentry implements clone3 and its
+//     namespaces itself; the host kernel never sees them;
 //   - io_uring_setup, io_uring_enter and io_uring_register get an explicit
 //     ERRNO(EPERM) rule, so a later edit of the allowlist cannot let them in.
 //
@@ -161,7 +166,7 @@ var forbiddenSyscalls = []string{
 	"clone3", "personality", "clone",
 }
 
-func buildSeccompProfile() seccompProfile {
+func buildSeccompProfile(gvisor bool) seccompProfile {
 	p := seccompProfile{
 		DefaultAction:   "SCMP_ACT_ERRNO",
 		DefaultErrnoRet: errno(errnoEPERM),
@@ -190,12 +195,20 @@ func buildSeccompProfile() seccompProfile {
 		Comment:  "clone without CLONE_NEW* flags; namespaces (CLONE_NEWUSER included) stay blocked",
 		Excludes: &seccompFilter{Arches: []string{"s390", "s390x"}},
 	})
-	p.Syscalls = append(p.Syscalls, seccompSyscall{
-		Names:    []string{"clone3"},
-		Action:   "SCMP_ACT_ERRNO",
-		ErrnoRet: errno(errnoENOSYS),
-		Comment:  "clone3 flags cannot be inspected; ENOSYS makes libc fall back to clone",
-	})
+	if gvisor {
+		p.Syscalls = append(p.Syscalls, seccompSyscall{
+			Names:   []string{"clone3"},
+			Action:  "SCMP_ACT_ALLOW",
+			Comment: "runsc returns EPERM for every ERRNO rule, which stops libc's fallback to clone; the Sentry implements clone3",
+		})
+	} else {
+		p.Syscalls = append(p.Syscalls, seccompSyscall{
+			Names:    []string{"clone3"},
+			Action:   "SCMP_ACT_ERRNO",
+			ErrnoRet: errno(errnoENOSYS),
+			Comment:  "clone3 flags cannot be inspected; ENOSYS makes libc fall back to clone",
+		})
+	}
 	p.Syscalls = append(p.Syscalls, seccompSyscall{
 		Names:    append([]string(nil), ioUringSyscalls...),
 		Action:   "SCMP_ACT_ERRNO",
@@ -207,18 +220,21 @@ func buildSeccompProfile() seccompProfile {
 
 var (
 	seccompOnce sync.Once
-	seccompJSON string
+	seccompJSON map[bool]string
 )
 
 // SeccompProfileJSON returns the profile passed as SecurityOpt
-// "seccomp=<json>" to every sandbox container.
-func SeccompProfileJSON() string {
+// "seccomp=<json>" to every sandbox container of the OCI runtime.
+func SeccompProfileJSON(runtime string) string {
 	seccompOnce.Do(func() {
-		b, err := json.Marshal(buildSeccompProfile())
-		if err != nil {
-			panic("docker: marshal seccomp profile: " + err.Error())
+		seccompJSON = map[bool]string{}
+		for _, gvisor := range []bool{false, true} {
+			b, err := json.Marshal(buildSeccompProfile(gvisor))
+			if err != nil {
+				panic("docker: marshal seccomp profile: " + err.Error())
+			}
+			seccompJSON[gvisor] = string(b)
 		}
-		seccompJSON = string(b)
 	})
-	return seccompJSON
+	return seccompJSON[runtime == RuntimeRunsc]
 }

@@ -7,6 +7,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/docker/docker/api/types/container"
+
 	"github.com/sandbox-broker/sandbox-broker/services/agent"
 	"github.com/sandbox-broker/sandbox-broker/services/brokererr"
 	"github.com/sandbox-broker/sandbox-broker/services/sandbox"
@@ -71,6 +73,26 @@ func (s *Session) Exec(ctx context.Context, req sandbox.ExecRequest) (sandbox.Ex
 	if s.destroyed {
 		return sandbox.ExecResult{}, brokererr.New(brokererr.SandboxNotFound, "the sandbox was destroyed")
 	}
+	for attempt := 0; ; attempt++ {
+		res, err := s.execLocked(ctx, r, req)
+		if retryOnNewContainer(ctx, attempt, err) {
+			continue
+		}
+		return res, err
+	}
+}
+
+// retryOnNewContainer says a call whose agent could not be reached goes
+// once more to a new container: nothing ran, and the old container is
+// dead (a restarted Docker daemon kills them all) and already dropped.
+func retryOnNewContainer(ctx context.Context, attempt int, err error) bool {
+	return attempt == 0 && ctx.Err() == nil && errors.Is(err, agent.ErrNotReached)
+}
+
+// execLocked runs req once in the session's container for r. Caller holds
+// s.mu.
+func (s *Session) execLocked(ctx context.Context, r runnerImage, req sandbox.ExecRequest) (sandbox.ExecResult, error) {
+	e := s.e
 	c, err := s.containerLocked(ctx, r)
 	if err != nil {
 		return sandbox.ExecResult{}, err
@@ -94,7 +116,7 @@ func (s *Session) Exec(ctx context.Context, req sandbox.ExecRequest) (sandbox.Ex
 	}
 	jobsLive := c.jobs.Load() > 0
 	oomBefore := e.oomKills(c)
-	sessionsBefore := e.sessions(c)
+	sessionsBefore := e.sessionsBefore(c)
 	rctx, cancel := context.WithTimeout(ctx, timeout+hardStopMargin)
 	stopWatch := s.watchQuota(rctx, w, c)
 	start := time.Now()
@@ -114,9 +136,12 @@ func (s *Session) Exec(ctx context.Context, req sandbox.ExecRequest) (sandbox.Ex
 	if err != nil {
 		// The agent is gone, hung or the caller gave up: this container's
 		// state is unknown, so it goes; the next Exec starts a new one.
-		delete(s.ctrs, r.Language)
-		e.removeAsync(c)
+		oom := !hardStop && ctx.Err() == nil && e.lostToOOM(ctx, c, oomBefore)
+		s.dropLocked(c)
 		switch {
+		case oom:
+			e.log.Info().Str("container", shortID(c.dockerID)).Msg("sandbox_oom_killed")
+			return sandbox.ExecResult{Duration: dur, ExitCode: 137, Signal: "SIGKILL", OOMKilled: true}, nil
 		case hardStop:
 			e.log.Warn().Str("container", shortID(c.dockerID)).Dur("timeout", timeout).Msg("sandbox missed its deadline; killed")
 			return sandbox.ExecResult{TimedOut: true, Duration: dur, ExitCode: -1, Signal: "SIGKILL"},
@@ -201,6 +226,15 @@ func (s *Session) uidLocked(ctx context.Context) (int, error) {
 	return s.uid, nil
 }
 
+// dropLocked forgets c, whose agent is gone, and removes it in the
+// background. Caller holds s.mu.
+func (s *Session) dropLocked(c *ctr) {
+	if s.ctrs[c.lang] == c {
+		delete(s.ctrs, c.lang)
+	}
+	s.e.removeAsync(c)
+}
+
 // wasOOMKilled compares the cgroup v1 oom_kill counter with its value before
 // the run, falling back to the container's State.OOMKilled.
 func (e *Engine) wasOOMKilled(ctx context.Context, c *ctr, before int64) bool {
@@ -213,20 +247,77 @@ func (e *Engine) wasOOMKilled(ctx context.Context, c *ctr, before int64) bool {
 	return err == nil && ins.State != nil && ins.State.OOMKilled
 }
 
-// hasStrays reports processes left after a run, read from the host's /proc
-// rather than from the (untrusted) agent. Every run starts in a session of
-// its own, while the container's infrastructure (init, agent, zygote and
-// its idle spare) lives in sessions that existed before the run; so any
-// process in a session absent from before is something the run left.
-func (e *Engine) hasStrays(c *ctr, before map[int]bool) bool {
-	if before == nil {
-		return false // cannot tell (no cgroup v1 pids controller visible)
+// oomStopWait bounds the wait for a container whose agent was lost to stop.
+const oomStopWait = 5 * time.Second
+
+// lostToOOM reports whether c's agent was lost because the memory cgroup's
+// OOM killer ended the container: under gVisor it kills the Sentry, so the
+// whole sandbox goes, not just the run. The counter says so while the
+// cgroup exists; once it is gone, the container's state does when it has
+// stopped.
+func (e *Engine) lostToOOM(ctx context.Context, c *ctr, before int64) bool {
+	if before >= 0 {
+		if after := e.oomKills(c); after >= 0 {
+			return after > before
+		}
 	}
-	for sid := range e.sessions(c) {
+	wctx, cancel := context.WithTimeout(ctx, oomStopWait)
+	defer cancel()
+	okc, errc := e.cli.ContainerWait(wctx, c.dockerID, container.WaitConditionNotRunning)
+	select {
+	case <-okc:
+	case <-errc:
+	}
+	return e.wasOOMKilled(ctx, c, -1)
+}
+
+// sessionsBefore returns the sessions in c before a run. Under gVisor it
+// is the set the last check found (after the previous run, or when the
+// container started), which saves a round trip to the sandbox per run.
+func (e *Engine) sessionsBefore(c *ctr) map[int]bool {
+	if e.o.Runtime != RuntimeRunsc {
+		return e.sessions(c)
+	}
+	if c.sessions == nil {
+		var err error
+		if c.sessions, err = e.sandboxSessions(c); err != nil {
+			e.log.Warn().Err(err).Str("container", shortID(c.dockerID)).Msg("sandbox_sessions_unknown")
+		}
+	}
+	return c.sessions
+}
+
+// hasStrays reports processes left after a run, read from the host's /proc
+// (under gVisor, from the Sentry's, see sessionMonitor) rather than from
+// the (untrusted) agent. Every run starts in a session of its own, while
+// the container's infrastructure (init, agent, zygote and its idle spare)
+// lives in sessions that existed before the run; so any process in a
+// session absent from before is something the run left.
+func (e *Engine) hasStrays(c *ctr, before map[int]bool) bool {
+	var after map[int]bool
+	if e.o.Runtime == RuntimeRunsc {
+		var err error
+		after, err = e.sandboxSessions(c)
+		if err != nil || before == nil {
+			// The host cannot look for itself: not knowing retires the
+			// container.
+			e.log.Warn().Err(err).Str("container", shortID(c.dockerID)).Msg("sandbox_sessions_unknown")
+			return true
+		}
+	} else {
+		if before == nil {
+			return false // cannot tell (no cgroup v1 pids controller visible)
+		}
+		after = e.sessions(c)
+	}
+	for sid := range after {
 		if !before[sid] {
 			e.log.Info().Str("container", shortID(c.dockerID)).Int("session", sid).Int("sessions_before", len(before)).Msg("sandbox_strays_found")
 			return true
 		}
+	}
+	if e.o.Runtime == RuntimeRunsc {
+		c.sessions = after
 	}
 	return false
 }

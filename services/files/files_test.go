@@ -885,3 +885,46 @@ func TestSizeCapHoldsWhileTheFileFlips(t *testing.T) {
 		t.Fatal("no request was served: the flip loop never left the file under the cap")
 	}
 }
+
+// TestClockSteppedBack: a link signed before the wall clock is stepped back
+// is never valid for longer than MaxTTL (plus the skew allowance) as the
+// clock then reads: a step past that refuses it until the clock catches
+// up, and it expires at its own exp, so no link outlives a step by more
+// than MaxTTL - TTL.
+func TestClockSteppedBack(t *testing.T) {
+	keys, _ := NewKeyring(master(1))
+	now := t0
+	s := &Signer{Keys: keys, BaseURL: "https://f.example", TTL: 10 * time.Minute, MaxTTL: time.Hour, Now: func() time.Time { return now }}
+	u, exp, err := s.URL(idA, "f.txt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pu, _ := url.Parse(u)
+	verify := func() error { _, err := s.Verify(pu.EscapedPath(), pu.RawQuery); return err }
+	previewURL, _, err := s.PreviewURL(idA)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pv, _ := url.Parse(previewURL)
+	verifyPreview := func() error { _, err := s.VerifyPreview(idA, pv.RawQuery); return err }
+	for _, c := range []struct {
+		step time.Duration
+		ok   bool
+	}{
+		{-30 * time.Minute, true},                                        // within MaxTTL of exp
+		{-(time.Hour - 10*time.Minute + ClockSkew), true},                // exactly at the bound
+		{-(time.Hour - 10*time.Minute + ClockSkew + time.Second), false}, // past it
+		{-48 * time.Hour, false},
+		{10*time.Minute - time.Second, true}, // forward, before exp
+		{10 * time.Minute, true},             // exp itself
+		{10*time.Minute + time.Second, false},
+	} {
+		now = t0.Add(c.step)
+		if err := verify(); (err == nil) != c.ok {
+			t.Errorf("step %v: Verify = %v, want ok=%v (exp %v)", c.step, err, c.ok, exp)
+		}
+		if err := verifyPreview(); (err == nil) != c.ok {
+			t.Errorf("step %v: VerifyPreview = %v, want ok=%v", c.step, err, c.ok)
+		}
+	}
+}

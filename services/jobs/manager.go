@@ -646,8 +646,17 @@ func (m *Manager) SendStdin(ctx context.Context, principal, id string, data []by
 	defer cancel()
 	if len(data) > 0 {
 		if err := j.handle.WriteStdin(ctx, data); err != nil {
-			if ctx.Err() != nil {
-				return brokererr.New(brokererr.SandboxTimeout, "execution %s did not read its stdin within %s", id, stdinTimeout)
+			var part *sandbox.PartialStdinError
+			switch {
+			case ctx.Err() != nil && errors.As(err, &part):
+				// Part of it is in or on its way: sending it again would
+				// repeat that part, so this is not retryable as is.
+				e := brokererr.New(brokererr.SandboxTimeout, "execution %s did not read its stdin within %s: %d of %d bytes were accepted; send only the last %d",
+					id, stdinTimeout, part.Written+part.Queued, part.Total, part.Total-part.Written-part.Queued)
+				e.Retryable = false
+				return e
+			case ctx.Err() != nil:
+				return brokererr.New(brokererr.SandboxTimeout, "execution %s did not read its stdin within %s; nothing was sent", id, stdinTimeout)
 			}
 			return brokererr.Wrap(err, brokererr.Conflict, "stdin of execution %s is closed", id)
 		}

@@ -233,7 +233,13 @@ func (m *Manager) List(ctx context.Context, principal string) ([]Record, error) 
 // Reap destroys expired sandboxes (shut down and deleted at the provider);
 // a row stays until its sandbox is gone, so a failed destroy is retried.
 func (m *Manager) Reap(ctx context.Context) {
-	rows, err := m.db.QueryContext(ctx, `SELECT id FROM projects WHERE expires_at <= ?`, m.now().Unix())
+	now := m.now()
+	// An expiry more than a TTL away means the wall clock was stepped
+	// back: the sandbox still ends at most a TTL from now.
+	if _, err := m.db.ExecContext(ctx, `UPDATE projects SET expires_at = ?1 WHERE expires_at > ?1`, now.Add(m.ttl).Unix()); err != nil {
+		m.log.Warn().Msg("project_clock_fix_failed")
+	}
+	rows, err := m.db.QueryContext(ctx, `SELECT id FROM projects WHERE expires_at <= ?`, now.Unix())
 	if err != nil {
 		m.log.Warn().Msg("project_reap_query_failed")
 		return

@@ -89,6 +89,28 @@ func TestOwnershipAndTTL(t *testing.T) {
 	}
 }
 
+// TestClockSteppedBack: a sandbox created before the wall clock is
+// stepped back (a day here) is not destroyed early, and still ends at most
+// a TTL after the step rather than a TTL plus the step.
+func TestClockSteppedBack(t *testing.T) {
+	m, fake, clk := newManager(t)
+	ctx := context.Background()
+	rec, _, err := m.Create(ctx, "alice", projects.CreateRequest{ProjectName: "x", Template: "node"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	clk.add(-24 * time.Hour)
+	m.Reap(ctx)
+	if _, err := m.Get(ctx, "alice", rec.ID); err != nil {
+		t.Fatalf("the step ended a live sandbox: %v", err)
+	}
+	clk.add(projects.TTL + time.Second)
+	m.Reap(ctx)
+	if st, ok := fake.Sandbox(rec.ID); ok && !st.Deleted {
+		t.Fatalf("a TTL after the step the sandbox lives on: %+v", st)
+	}
+}
+
 func TestFailedDestroyIsRetried(t *testing.T) {
 	m, fake, clk := newManager(t)
 	ctx := context.Background()

@@ -337,6 +337,12 @@ func (m *Manager) Reap(ctx context.Context) {
 	for _, wid := range idle {
 		m.releaseIdle(ctx, wid, now)
 	}
+	// A creation time after now means the wall clock was stepped back:
+	// such a session's age counts from now, so it lives at most MaxAge
+	// past the step, not MaxAge plus the step.
+	if _, err := m.db.ExecContext(ctx, `UPDATE sessions SET created_at = ?1 WHERE created_at > ?1`, now.Unix()); err != nil {
+		m.o.Log.Warn().Msg("session_clock_fix_failed")
+	}
 	rows, err := m.db.QueryContext(ctx, `SELECT principal, workspace_id FROM sessions WHERE created_at <= ?`, now.Add(-m.o.MaxAge).Unix())
 	if err != nil {
 		m.o.Log.Warn().Msg("session_reap_query_failed")

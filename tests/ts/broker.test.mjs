@@ -10,6 +10,8 @@
 //   BROKER_STREAM_TOKEN pro principal "ts-stream"; the streaming test (2 calls)
 //   BROKER_FILES_TOKEN pro principal "ts-files"; the file resource test (2 calls)
 //   BROKER_FILES_OTHER_TOKEN pro principal "ts-files-other"; reads ts-files's file (1 call)
+//   BROKER_BUILD_TOKEN pro principal "ts-build"; the slow project build test (at most 5 calls)
+//   BROKER_BUILD_WAIT_S the broker's PROJECT_BUILD_WAIT_S
 //   BROKER_RATE_LIMIT  the broker's RATE_LIMIT_PER_MINUTE
 //
 // RATE_LIMIT_PER_MINUTE applies to every principal, so each principal's tool
@@ -43,6 +45,8 @@ const FREE_TOKEN = requireEnv('BROKER_FREE_TOKEN');
 const STREAM_TOKEN = requireEnv('BROKER_STREAM_TOKEN');
 const FILES_TOKEN = requireEnv('BROKER_FILES_TOKEN');
 const FILES_OTHER_TOKEN = requireEnv('BROKER_FILES_OTHER_TOKEN');
+const BUILD_TOKEN = requireEnv('BROKER_BUILD_TOKEN');
+const BUILD_WAIT_S = Number.parseInt(requireEnv('BROKER_BUILD_WAIT_S'), 10);
 const RATE_LIMIT = Number.parseInt(requireEnv('BROKER_RATE_LIMIT'), 10);
 if (!Number.isInteger(RATE_LIMIT) || RATE_LIMIT < 1 || RATE_LIMIT > 50) {
   throw new Error(`BROKER_RATE_LIMIT must be a small positive integer, got ${process.env.BROKER_RATE_LIMIT}`);
@@ -399,5 +403,46 @@ test('a chart from run_code comes back as a resource_link that resources/read re
       assert.doesNotMatch(err.message, /ts-files/);
       return true;
     });
+  });
+});
+
+test('a project build slower than the wait sends progress, then goes on as an execution the client polls', { timeout: 120_000 }, async () => {
+  await withClient(BUILD_TOKEN, async (client) => {
+    // The build lasts at least 4 waits: it cannot end inside the first call.
+    const pkg = { name: 'slow', scripts: { build: `echo build started && sleep ${4 * BUILD_WAIT_S} && echo build finished`, start: 'node server.js' } };
+    const created = await callOk(client, 'create_sandbox_for_project',
+      { project_name: 'ts-slow-build', template: 'node', initial_files: { 'package.json': JSON.stringify(pkg) } });
+    const progress = [];
+    const first = structured(await client.callTool(
+      { name: 'get_sandbox_output', arguments: { sandbox_id: created.sandbox_id, output_type: 'build_output' } },
+      undefined,
+      { onprogress: (p) => progress.push(p), timeout: 50_000 },
+    ));
+    assert.equal(first.status, 'running', JSON.stringify(first));
+    assert.match(first.execution_id, /^exec_[0-9a-f]{32}$/);
+    assert.match(first.hint, /get_execution_output/);
+    assert.ok(progress.length >= 1, `want progress notifications during the build, got ${JSON.stringify(progress)}`);
+    for (let i = 1; i < progress.length; i++) {
+      assert.ok(progress[i].progress > progress[i - 1].progress, `progress must increase: ${JSON.stringify(progress)}`);
+    }
+    assert.match(progress[0].message, /build/, JSON.stringify(progress));
+
+    // Polled by cursor to its end (the rate limit leaves 3 calls).
+    let since = first.next_since;
+    let page = { status: 'running', output: [] };
+    let text = first.output;
+    for (let i = 0; i < 3 && page.status === 'running'; i++) {
+      page = structured(await client.callTool(
+        { name: 'get_execution_output', arguments: { execution_id: first.execution_id, since, wait: true, max_wait_s: 50 } },
+        undefined,
+        { timeout: 55_000 },
+      ));
+      for (const ev of page.output) {
+        if (ev.type === 'stdout') text += ev.data;
+      }
+      since = page.next_since;
+    }
+    assert.equal(page.status, 'completed', JSON.stringify(page));
+    assert.match(text, /build started[\s\S]*build finished/, text);
   });
 });

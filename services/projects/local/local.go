@@ -2,7 +2,7 @@
 // project is a container of the Node runner image (runners/node) on the
 // local Docker engine, started from one of the starters baked into that
 // image, with its files in a host workspace under Options.Root. The broker
-// serves previews itself (see Preview).
+// serves previews itself, on their own origin (see Preview).
 package local
 
 import (
@@ -53,9 +53,6 @@ type Options struct {
 	// WorkspaceLimits bound each project's files; zero fields take
 	// DefaultLimits' values.
 	WorkspaceLimits workspace.Limits
-	// CSP is the Content-Security-Policy of every preview response; ""
-	// takes DefaultCSP, "none" sends none.
-	CSP string
 	// UIDs and Slots are the broker's sandbox uid leases and live-container
 	// cap, shared with the session engine (see docker.Options).
 	UIDs  *uids.Allocator
@@ -67,11 +64,6 @@ type Options struct {
 func DefaultLimits() workspace.Limits {
 	return workspace.Limits{MaxFiles: 5000, MaxBytes: 256 << 20, MaxFileBytes: 32 << 20}
 }
-
-// DefaultCSP turns every preview into an opaque origin: the project's
-// scripts run, but they cannot read the broker's cookies or call it with
-// them, and cannot register a service worker on the broker's origin.
-const DefaultCSP = "sandbox allow-scripts allow-forms allow-popups allow-modals allow-downloads"
 
 const (
 	createTimeout = 90 * time.Second // container start + starter copy
@@ -94,6 +86,7 @@ var (
 	_ projects.Provider      = (*Provider)(nil)
 	_ projects.PreviewServer = (*Provider)(nil)
 	_ projects.Sandbox       = (*project)(nil)
+	_ projects.JobBuilder    = (*project)(nil)
 )
 
 // New starts the provider's own Docker engine on o.Root and checks that the
@@ -119,12 +112,6 @@ func New(ctx context.Context, o Options) (*Provider, error) {
 	}
 	if o.WorkspaceLimits.MaxFileBytes <= 0 {
 		o.WorkspaceLimits.MaxFileBytes = d.MaxFileBytes
-	}
-	switch o.CSP {
-	case "":
-		o.CSP = DefaultCSP
-	case "none":
-		o.CSP = ""
 	}
 	if o.PoolSize > 1 {
 		o.PoolSize = 1

@@ -22,30 +22,20 @@ const proxyTimeout = 60 * time.Second
 // Preview implements projects.PreviewServer. Static templates are served
 // from their build output in the workspace; the node template's app is
 // started if needed and reached through its Unix socket in the workspace.
-// The broker has already checked the signed link for id.
+// The broker has already checked the signed link for id, and sets the
+// preview's headers (its CSP among them) on its own listener.
 func (p *Provider) Preview(ctx context.Context, id string) (http.Handler, error) {
 	pr, err := p.open(ctx, id)
 	if err != nil {
 		return nil, err
 	}
 	if pr.static() {
-		return pr.withHeaders(http.HandlerFunc(pr.serveStatic)), nil
+		return http.HandlerFunc(pr.serveStatic), nil
 	}
 	if err := pr.ensureServer(ctx); err != nil {
 		return nil, err
 	}
-	return pr.withHeaders(pr.appProxy()), nil
-}
-
-// withHeaders adds the preview's CSP to every response.
-func (pr *project) withHeaders(h http.Handler) http.Handler {
-	csp := pr.p.o.CSP
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if csp != "" {
-			w.Header().Set("Content-Security-Policy", csp)
-		}
-		h.ServeHTTP(w, r)
-	})
+	return pr.appProxy(), nil
 }
 
 // serveStatic serves the build output. A request path maps to a file below
@@ -129,10 +119,10 @@ func (pr *project) appProxy() http.Handler {
 	})
 }
 
-// scrubAppHeaders keeps the app's response from acting on the broker's
-// origin: the CSP sandbox gives the page an opaque origin, but browsers
-// still apply cookies, Clear-Site-Data and redirects of the response.
-// Path-only redirects stay inside the preview.
+// scrubAppHeaders keeps the app's response from acting beyond its own
+// preview: cookies (a preview origin may be shared by several sandboxes),
+// Clear-Site-Data, the broker's CSP, HSTS and redirects elsewhere. Path-only
+// redirects stay inside the preview.
 func (pr *project) scrubAppHeaders(res *http.Response) error {
 	h := res.Header
 	for _, k := range []string{"Set-Cookie", "Set-Cookie2", "Clear-Site-Data", "Refresh", "Content-Security-Policy",

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/sandbox-broker/sandbox-broker/services/brokererr"
+	"github.com/sandbox-broker/sandbox-broker/services/files"
 	"github.com/sandbox-broker/sandbox-broker/services/projects"
 	"github.com/sandbox-broker/sandbox-broker/services/sandbox"
 	"github.com/sandbox-broker/sandbox-broker/services/workspace"
@@ -18,11 +19,10 @@ import (
 
 const (
 	seedTimeout     = 60 * time.Second
-	buildOutputMax  = 1 << 20   // per stream, from the agent
+	buildOutputMax  = 1 << 20   // what Build returns of a build's output
 	lastBuildMax    = 256 << 10 // what is kept of the last build's output
 	consoleMaxBytes = 256 << 10 // the node server's output ring
 	requestLogLines = 200       // the static preview's request log
-	execMargin      = 30 * time.Second
 )
 
 // project is one project sandbox. It implements projects.Sandbox.
@@ -36,8 +36,9 @@ type project struct {
 	// project sandbox's uid.
 	owner func(context.Context) (workspace.Option, error)
 
-	mu        sync.Mutex // serialises Build and WriteFiles
-	gen       uint64     // bumped by WriteFiles and Build: the app server restarts
+	mu        sync.Mutex // guards the build state; WriteFiles holds it while writing
+	gen       uint64     // bumped by WriteFiles and builds: the app server restarts
+	building  bool       // a build job runs: files stay as they are until it ends
 	built     bool
 	lastBuild []byte
 	lastExit  int
@@ -110,6 +111,9 @@ func (pr *project) WriteFiles(ctx context.Context, files map[string][]byte) erro
 	}
 	pr.mu.Lock()
 	defer pr.mu.Unlock()
+	if pr.building {
+		return errBuilding()
+	}
 	w, err := pr.workspace(own)
 	if err != nil {
 		return err
@@ -159,42 +163,96 @@ func (pr *project) ReadFile(ctx context.Context, path string, max int64) ([]byte
 	return b, nil
 }
 
-// Build implements projects.Sandbox: `npm run build` in the container.
-// A build that runs out of time returns what it printed, a note and exit
-// code -1, so the model can see where it stopped.
-func (pr *project) Build(ctx context.Context) ([]byte, int, error) {
+func errBuilding() error {
+	return brokererr.New(brokererr.Conflict, "a build of this sandbox is running; wait for its execution to end (get_execution_output) or cancel it (cancel_execution)")
+}
+
+// StartBuild implements projects.JobBuilder: `npm run build` as a job in
+// the project's container, its output streamed to sink as it comes. While
+// it runs, WriteFiles and another build answer CONFLICT; when it ends the
+// app server restarts on the next preview.
+func (pr *project) StartBuild(ctx context.Context, id string, sink sandbox.JobSink) (sandbox.Job, error) {
+	jr, ok := pr.sess.(sandbox.JobRunner)
+	if !ok {
+		return nil, brokererr.New(brokererr.Unavailable, "this sandbox backend cannot run project builds")
+	}
 	pr.mu.Lock()
-	defer pr.mu.Unlock()
-	start := time.Now()
-	ctx, cancel := context.WithTimeout(ctx, projects.CommandTimeout+execMargin)
-	defer cancel()
-	res, err := pr.sess.Exec(ctx, sandbox.ExecRequest{
-		Language:       Language,
-		Code:           "npm run build 2>&1",
-		Timeout:        projects.CommandTimeout,
-		MaxOutputBytes: buildOutputMax,
-	})
+	if pr.building {
+		pr.mu.Unlock()
+		return nil, errBuilding()
+	}
+	pr.building = true
 	pr.gen++
-	if err != nil && brokererr.CodeOf(err) != brokererr.SandboxTimeout {
+	pr.mu.Unlock()
+	out := newRing(lastBuildMax)
+	tee := func(stream string, data []byte) {
+		out.Write(data)
+		sink(stream, data)
+	}
+	job, err := jr.StartJob(ctx, sandbox.JobSpec{ID: id, Language: Language, Command: "npm run build 2>&1", Timeout: projects.CommandTimeout}, tee)
+	if err != nil {
+		pr.mu.Lock()
+		pr.building = false
+		pr.mu.Unlock()
+		return nil, err
+	}
+	b := &buildJob{Job: job, done: make(chan struct{})}
+	go func() {
+		defer close(b.done)
+		<-job.Done()
+		x := job.Exit()
+		exit := x.ExitCode
+		switch {
+		case x.TimedOut:
+			tee(sandbox.StreamStdout, fmt.Appendf(nil, "\n[the build was stopped after %s]\n", projects.CommandTimeout))
+			exit = -1
+		case x.Err != nil:
+			exit = -1
+		case x.Signal == "SIGKILL":
+			tee(sandbox.StreamStdout, fmt.Appendf(nil, "\n[the build was killed (SIGKILL): cancelled, or out of memory (the limit is %d MiB)]\n", projects.MemoryBytes>>20))
+		}
+		pr.mu.Lock()
+		pr.building, pr.built = false, true
+		pr.gen++
+		pr.lastExit = exit
+		pr.lastBuild = out.Tail(lastBuildMax)
+		pr.mu.Unlock()
+		pr.p.log.Info().Str("project", pr.id).Int("exit", exit).Bool("timed_out", x.TimedOut).
+			Int64("duration_ms", x.Duration.Milliseconds()).Msg("project_build")
+	}()
+	return b, nil
+}
+
+// buildJob is a build's job, done once the project has recorded its end.
+type buildJob struct {
+	sandbox.Job
+	done chan struct{}
+}
+
+func (b *buildJob) Done() <-chan struct{} { return b.done }
+
+// Build implements projects.Sandbox: StartBuild, waited for. A build that
+// runs out of time returns what it printed, a note and exit code -1; one
+// whose caller gives up is stopped.
+func (pr *project) Build(ctx context.Context) ([]byte, int, error) {
+	out := newRing(buildOutputMax)
+	job, err := pr.StartBuild(ctx, files.NewWorkspaceID(), func(_ string, data []byte) { out.Write(data) })
+	if err != nil {
 		return nil, -1, err
 	}
-	out := append(append([]byte{}, res.Stdout...), res.Stderr...)
-	exit := res.ExitCode
-	switch {
-	case err != nil || res.TimedOut:
-		out = append(out, fmt.Sprintf("\n[the build was stopped after %s]\n", projects.CommandTimeout)...)
-		exit = -1
-	case res.OOMKilled:
-		out = append(out, fmt.Sprintf("\n[the build ran out of memory (%d MiB)]\n", projects.MemoryBytes>>20)...)
-	case res.Truncated:
-		out = append(out, "\n[output truncated]\n"...)
+	select {
+	case <-job.Done():
+	case <-ctx.Done():
+		stopJob(ctx, job)
+		return nil, -1, brokererr.Wrap(ctx.Err(), brokererr.Unavailable, "the call was cancelled; the build was stopped")
 	}
-	pr.built = true
-	pr.lastExit = exit
-	pr.lastBuild = tail(out, lastBuildMax)
-	pr.p.log.Info().Str("project", pr.id).Int("exit", exit).Bool("timed_out", res.TimedOut).
-		Int64("duration_ms", time.Since(start).Milliseconds()).Msg("project_build")
-	return out, exit, nil
+	x := job.Exit()
+	if x.Err != nil {
+		return nil, -1, brokererr.Wrap(x.Err, brokererr.Unavailable, "the build's sandbox stopped answering")
+	}
+	pr.mu.Lock()
+	defer pr.mu.Unlock()
+	return out.Tail(buildOutputMax), pr.lastExit, nil
 }
 
 // ConsoleLog implements projects.Sandbox. For the node template it is the
@@ -210,6 +268,9 @@ func (pr *project) ConsoleLog(ctx context.Context, max int) ([]byte, error) {
 	}
 	var b bytes.Buffer
 	pr.mu.Lock()
+	if pr.building {
+		b.WriteString("[a build is running]\n")
+	}
 	if pr.built {
 		fmt.Fprintf(&b, "[last build: exit %d]\n", pr.lastExit)
 		for _, l := range warningLines(pr.lastBuild) {

@@ -1,0 +1,89 @@
+package docker
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestRunscArgsChecked(t *testing.T) {
+	for _, ok := range [][]string{
+		{"--platform=systrap", "--network=none", "--host-uds=all", "--oci-seccomp"},
+		{"-oci-seccomp=true", "--network", "none", "-host-uds", "all"},
+	} {
+		if err := checkRunscArgs(ok); err != nil {
+			t.Errorf("%q refused: %v", ok, err)
+		}
+	}
+	for missing, args := range map[string][]string{
+		"oci-seccomp": {"--network=none", "--host-uds=all"},
+		"network":     {"--oci-seccomp", "--host-uds=all"},
+		"host-uds":    {"--oci-seccomp", "--network=none", "--host-uds=open"},
+	} {
+		if err := checkRunscArgs(args); err == nil || !strings.Contains(err.Error(), "--"+missing+"=") {
+			t.Errorf("%q: err = %v, want one naming --%s", args, err, missing)
+		}
+	}
+	if err := checkRunscArgs([]string{"--oci-seccomp=false", "--network=none", "--host-uds=all"}); err == nil {
+		t.Error("--oci-seccomp=false accepted")
+	}
+}
+
+// TestUnregisteredRuntimeRefused: a runtime the daemon does not have stops
+// the engine at start, not at the first sandbox.
+func TestUnregisteredRuntimeRefused(t *testing.T) {
+	needDocker(t)
+	root := t.TempDir()
+	_, err := New(context.Background(), Options{Root: root, AgentBinary: agentBinary, Runtime: "no-such-runtime", UIDs: newUIDs(t, root)})
+	if err == nil || !strings.Contains(err.Error(), "no runtime of that name") {
+		t.Fatalf("New: %v", err)
+	}
+}
+
+// TestStraysRetireTheContainer: the host-side stray check keeps a container
+// after clean runs and replaces it after a run leaves a live thread behind
+// (in a process whose leader exited, which the agent's sweep skips as a
+// zombie). Under gVisor the check reads the Sentry's /proc through a
+// process started in the sandbox, since the host's /proc does not show
+// sandbox processes.
+func TestStraysRetireTheContainer(t *testing.T) { forRuntimes(t, testStraysRetireTheContainer) }
+
+func testStraysRetireTheContainer(t *testing.T, rt string) {
+	e := newEngine(t, func(o *Options) { o.Runtime = rt })
+	needRunner(t, e, "python")
+	s := openSession(t, e)
+	exec1(t, s, "python", "print(1)", 20*time.Second)
+	first := sessionContainer(t, s).dockerID
+	for i := range 3 {
+		// Clean runs, a subprocess and a thread among them, keep it.
+		exec1(t, s, "python", "import subprocess, threading\nsubprocess.run(['true'])\nthreading.Thread(target=print).start()", 20*time.Second)
+		if id := sessionContainer(t, s).dockerID; id != first {
+			t.Fatalf("clean run %d replaced the container", i)
+		}
+	}
+	res := exec1(t, s, "python", `
+import ctypes, os, threading, time
+libc = ctypes.CDLL(None)
+if os.fork() == 0:
+    os.setsid()
+    threading.Thread(target=lambda: time.sleep(1000)).start()
+    libc.pthread_exit(None)
+time.sleep(0.3)
+print("spawned")
+`, 20*time.Second)
+	if strings.TrimSpace(string(res.Stdout)) != "spawned" {
+		t.Fatalf("spawn: %+v %s", res, res.Stderr)
+	}
+	ss := s.(*Session)
+	ss.mu.Lock()
+	kept := ss.ctrs["python"] != nil
+	ss.mu.Unlock()
+	if kept {
+		t.Fatal("the container that holds a stray thread was kept")
+	}
+	res = exec1(t, s, "python", "print('next')", 20*time.Second)
+	if id := sessionContainer(t, s).dockerID; id == first || strings.TrimSpace(string(res.Stdout)) != "next" {
+		t.Fatalf("after the stray: %+v %s in %s", res, res.Stderr, shortID(id))
+	}
+}
