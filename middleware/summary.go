@@ -75,7 +75,8 @@ type auditedField struct {
 	idx  int
 }
 
-// auditedFields lists t's argument fields, embedded ones in place.
+// auditedFields lists t's own argument fields; callers walk embedded
+// structs (isEmbedded) themselves.
 func auditedFields(t reflect.Type) []auditedField {
 	var out []auditedField
 	for i := 0; i < t.NumField(); i++ {
