@@ -48,7 +48,7 @@ runners:
 
 image: build
 	runners/base/build-base.sh
-	docker build -t sandbox-broker:$(VERSION) -t sandbox-broker:latest .
+	docker build --network none -t sandbox-broker:$(VERSION) -t sandbox-broker:latest .
 
 clean:
 	rm -rf bin

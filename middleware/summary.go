@@ -60,13 +60,6 @@ func recursesInto(t reflect.Type) bool {
 	return t.Kind() == reflect.Struct && !t.Implements(jsonMarshalerType) && !reflect.PointerTo(t).Implements(jsonMarshalerType)
 }
 
-// isEmbedded reports an untagged embedded struct, whose fields encoding/json
-// promotes to the outer object. Argument structs embed exported types only:
-// reflection cannot read values through an unexported one.
-func isEmbedded(f reflect.StructField) bool {
-	return f.Anonymous && f.IsExported() && f.Tag.Get("json") == "" && f.Type.Kind() == reflect.Struct
-}
-
 // auditedField is one argument field as the summary sees it.
 type auditedField struct {
 	name string

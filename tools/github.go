@@ -39,9 +39,10 @@ type SessionFiles interface {
 const gitHubMaxArgBytes = 8 << 20
 
 // GitHubToolset groups the GitHub tools. m may be nil (the tools then
-// answer UNAVAILABLE), and so may sf (only commit_session_files needs it).
+// answer NOT_CONFIGURED, and the broker does not list them), and so may sf
+// (only commit_session_files needs it).
 func GitHubToolset(m GitHubCommitter, sf SessionFiles) *Toolset {
-	return NewToolset(ToolsetGitHub, "Commit to and read from the operator's allow-listed GitHub repositories").
+	return NewToolset(ToolsetGitHub, "Commit to and read from the operator's allow-listed GitHub repositories").Needs(ServiceGitHub).
 		AddReadTools(ReadGitHubFile(m)).
 		AddWriteTools(CommitAndPushToGitHub(m), CommitSessionFiles(m, sf))
 }
@@ -59,7 +60,7 @@ func gitHubAnnotations(title string, readOnly bool) mcp.ToolAnnotation {
 
 func gitHubReady(m GitHubCommitter) error {
 	if m == nil {
-		return brokererr.New(brokererr.Unavailable, "GitHub is not configured on this broker")
+		return brokererr.New(brokererr.NotConfigured, "GitHub is not configured on this broker")
 	}
 	return nil
 }
@@ -140,9 +141,10 @@ type CommitSessionFilesArgs struct {
 }
 
 // CommitSessionFiles commits files a sandbox session produced. The broker
-// reads them itself; nothing in the sandbox sees the token.
+// reads them itself; nothing in the sandbox sees the token. Without a
+// sandbox backend there are no sessions, and the tool is not listed.
 func CommitSessionFiles(m GitHubCommitter, sf SessionFiles) ServerTool {
-	return newTool("commit_session_files",
+	t := newTool("commit_session_files",
 		"Commit files from your sandbox session's workspace to a work branch of an allow-listed GitHub repository as one atomic commit, optionally opening a pull request.",
 		0, gitHubAnnotations("Commit session files to GitHub", false),
 		func(ctx context.Context, p identity.Principal, a *CommitSessionFilesArgs) (*mcp.CallToolResult, error) {
@@ -150,7 +152,7 @@ func CommitSessionFiles(m GitHubCommitter, sf SessionFiles) ServerTool {
 				return nil, err
 			}
 			if sf == nil {
-				return nil, brokererr.New(brokererr.Unavailable, "session files are not available on this broker")
+				return nil, brokererr.New(brokererr.NotConfigured, "session files are not available on this broker (it has no sandbox backend)")
 			}
 			// Everything is checked before the first read, so a refused
 			// path never touches the workspace.
@@ -183,6 +185,8 @@ func CommitSessionFiles(m GitHubCommitter, sf SessionFiles) ServerTool {
 			}
 			return commitResult(res)
 		})
+	t.Needs = []Service{ServiceSandbox}
+	return t
 }
 
 // ReadGitHubFileArgs are read_github_file's arguments.

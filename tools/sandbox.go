@@ -3,12 +3,15 @@ package tools
 import (
 	"context"
 	"encoding/base64"
+	"fmt"
 	"sort"
 	"strings"
 	"time"
 
 	"github.com/mark3labs/mcp-go/mcp"
 
+	"github.com/sandbox-broker/sandbox-broker/config"
+	"github.com/sandbox-broker/sandbox-broker/middleware"
 	"github.com/sandbox-broker/sandbox-broker/services/brokererr"
 	"github.com/sandbox-broker/sandbox-broker/services/identity"
 	"github.com/sandbox-broker/sandbox-broker/services/quota"
@@ -100,9 +103,19 @@ const (
 	defaultReadBytes = 256 << 10
 )
 
+// timeoutRule bounds a timeout argument by SANDBOX_MAX_TIMEOUT, in the
+// schema and the validator alike; without an engine (docs) by its default.
+func timeoutRule(field string, e *Engine) middleware.Rule {
+	limit := config.Defaults().MaxTimeoutS
+	if e != nil && e.MaxTimeout > 0 {
+		limit = int(e.MaxTimeout / time.Second)
+	}
+	return middleware.Rule{Field: field, Tag: fmt.Sprintf("max=%d", limit)}
+}
+
 func (e *Engine) ready() error {
 	if e == nil || e.Sessions == nil {
-		return brokererr.New(brokererr.Unavailable, "no sandbox backend is available on this broker")
+		return brokererr.New(brokererr.NotConfigured, "no sandbox backend is available on this broker")
 	}
 	return nil
 }
@@ -124,7 +137,7 @@ type RunCodeArgs struct {
 	ConversationID string `json:"conversationId,omitempty" validate:"omitempty,session_id" audit:"clear" desc:"Alias of session_id."`
 	Language       string `json:"language" validate:"required,max=32,clean" audit:"clear" desc:"Runner language; list_runners shows what is available (python, typescript, bash)."`
 	Code           string `json:"code" validate:"required,max=262144,clean" audit:"digest" desc:"Source code to run. The working directory is /mnt/data (also /data), which persists for the session."`
-	TimeoutS       int    `json:"timeout_s,omitempty" validate:"omitempty,min=1,max=600" desc:"Wall-clock limit in seconds (default 60)."`
+	TimeoutS       int    `json:"timeout_s,omitempty" validate:"omitempty,min=1" desc:"Wall-clock limit in seconds (default 60)."`
 }
 
 // RunCodeResult is run_code's structured output.
@@ -160,11 +173,8 @@ func RunCode(e *Engine) ServerTool {
 				return nil, err
 			}
 			timeout := e.DefaultTimeout
-			if a.TimeoutS > 0 {
+			if a.TimeoutS > 0 { // at most SANDBOX_MAX_TIMEOUT: timeoutRule
 				timeout = time.Duration(a.TimeoutS) * time.Second
-			}
-			if e.MaxTimeout > 0 && timeout > e.MaxTimeout {
-				return nil, brokererr.New(brokererr.InvalidInput, "timeout_s may be at most %d", int(e.MaxTimeout/time.Second))
 			}
 			hold, err := e.reserveExecution(ctx, p, timeout)
 			if err != nil {
@@ -193,7 +203,7 @@ func RunCode(e *Engine) ServerTool {
 			out.Output = joinOutput(out.Stdout, out.Stderr)
 			out.Success = res.ExitCode == 0 && !res.TimedOut && !res.OOMKilled && res.Signal == ""
 			return prependJSON(e.filesResult(ctx, lease, res.Changed, &out.Files), out)
-		})
+		}).withRules(timeoutRule("timeout_s", e))
 }
 
 func joinOutput(stdout, stderr string) string {

@@ -170,6 +170,7 @@ func New(ctx context.Context, cfg config.Config, opts Options) (b *Broker, err e
 		Jobs: runs, Projects: &tools.Projects{Manager: b.projects, Runs: runs, BuildWait: time.Duration(cfg.BuildWaitS) * time.Second, Redact: b.redactor.String},
 		GitHub: gh, SessionFiles: sf}
 	group := tools.DefaultGroup(deps)
+	b.markUnconfigured(group, cfg)
 	if b.tools, err = group.Enable(cfg.Toolsets, cfg.ReadOnly); err != nil {
 		return nil, err
 	}

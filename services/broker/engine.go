@@ -56,8 +56,8 @@ func (b *Broker) openSigner(cfg config.Config) ([]string, error) {
 // openEngine starts the sandbox backend, the session and job stores and
 // the project provider. A backend the operator named (docker, process)
 // must start, or the broker does not; with auto, a missing backend is not
-// fatal: the broker serves its other tools, sandbox tools answer
-// UNAVAILABLE, and /readyz reports the backend as failing.
+// fatal: the broker serves its other tools, the sandbox tools are not
+// listed, and /readyz reports the backend as failing.
 func (b *Broker) openEngine(ctx context.Context, cfg config.Config) error {
 	if cfg.Backend == "none" { // hosted project sandboxes still work
 		return b.openProjects(ctx, cfg, "", false)
@@ -72,10 +72,10 @@ func (b *Broker) openEngine(ctx context.Context, cfg config.Config) error {
 	b.slots = sandbox.NewSlots(cfg.MaxContainers)
 	eng, dockerOK, err := b.openBackend(ctx, cfg, agentBin)
 	if err != nil && cfg.Backend != "auto" {
-		return fmt.Errorf("SANDBOX_BACKEND=%s cannot be used (set SANDBOX_BACKEND=auto to start without it): %w", cfg.Backend, err)
+		return fmt.Errorf("SANDBOX_BACKEND=%s cannot be used (set SANDBOX_BACKEND=auto to start without it): %s", cfg.Backend, causeText(b.redactor, err, 300))
 	}
 	if err != nil {
-		b.log.Error().Str("backend", cfg.Backend).Str("cause", b.redactor.Message(err.Error(), 300)).Msg("sandbox_backend_unavailable")
+		b.log.Error().Str("backend", cfg.Backend).Str("cause", causeText(b.redactor, err, 300)).Msg("sandbox_backend_unavailable")
 		b.checks = append(b.checks, check{"sandbox_backend", func(context.Context) error { return err }})
 		return b.openProjects(ctx, cfg, agentBin, false)
 	}
@@ -167,7 +167,7 @@ func (b *Broker) openBackend(ctx context.Context, cfg config.Config, agentBin st
 		if cfg.Backend == "docker" {
 			return nil, false, err
 		}
-		b.log.Warn().Str("cause", b.redactor.Message(err.Error(), 200)).Msg("docker_unavailable_using_process_backend")
+		b.log.Warn().Str("cause", causeText(b.redactor, err, 300)).Msg("docker_unavailable_using_process_backend")
 	}
 	eng, err := process.New(ctx, process.Options{
 		Root:        cfg.Root,
@@ -265,8 +265,8 @@ func instanceID() string {
 }
 
 // openProjects picks the project provider: CodeSandbox with CSB_API_KEY,
-// else the local Docker engine; with neither, the project tools answer
-// UNAVAILABLE.
+// else the local Docker engine; with neither, the project tools are not
+// listed.
 func (b *Broker) openProjects(ctx context.Context, cfg config.Config, agentBin string, dockerOK bool) error {
 	var p projects.Provider
 	var err error
@@ -295,7 +295,7 @@ func (b *Broker) openProjects(ctx context.Context, cfg config.Config, agentBin s
 		return nil
 	}
 	if err != nil {
-		b.log.Error().Str("cause", b.redactor.Message(err.Error(), 300)).Msg("project_provider_unavailable")
+		b.log.Error().Str("cause", causeText(b.redactor, err, 300)).Msg("project_provider_unavailable")
 		b.checks = append(b.checks, check{"projects", func(context.Context) error { return err }})
 		return nil
 	}

@@ -26,9 +26,6 @@ var _ sandbox.JobRunner = (*Session)(nil)
 // command's environment does not depend on what the session ran before.
 var jobLanguages = []string{agent.LangPython, agent.LangBash, agent.LangNode, agent.LangTypeScript, agent.LangJavaScript}
 
-// maxSocketPath is sun_path's capacity minus its NUL.
-const maxSocketPath = 107
-
 // StartJob implements sandbox.JobRunner: spec runs as `bash -c` beside
 // run_code in the session's container (see jobLanguages). While it runs,
 // the container is not released (Release refuses) nor replaced after a
@@ -235,10 +232,7 @@ type egressSocket struct {
 func newEgressSocket(runDir string, uid int) (*egressSocket, error) {
 	name := "egress-" + sandbox.NewID() + ".sock"
 	p := filepath.Join(runDir, name)
-	if len(p) > maxSocketPath {
-		return nil, errors.New("run dir path too long for a unix socket")
-	}
-	ln, err := net.Listen("unix", p)
+	ln, err := agent.ListenSocket(p)
 	if err != nil {
 		return nil, err
 	}

@@ -215,9 +215,9 @@ func (e *Engine) takeSlot(ctx context.Context, forSession bool) (*sandbox.Slot, 
 	}
 	err := brokererr.New(brokererr.QuotaExceeded,
 		"the broker already runs its maximum of %d sandbox containers; try again when other sessions have gone idle", e.o.Slots.Max())
-	if d := e.o.Slots.RetryAfter(time.Now()); d > 0 {
-		err = err.WithRetryAfter(d)
-	}
+	// Retryable even when no session's idle time is known (jobs pin them):
+	// containers go when sessions close or jobs end.
+	err = err.WithRetryAfter(max(e.o.Slots.RetryAfter(time.Now()), 0))
 	return nil, err
 }
 

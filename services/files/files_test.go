@@ -631,7 +631,7 @@ func TestSignerErrors(t *testing.T) {
 		func(s *Signer) error { _, _, err := s.PreviewURL(idA); return err },
 	} {
 		e := brokererr.As(sign(&Signer{Keys: keys}))
-		if e == nil || e.Code != brokererr.Unavailable || e.Retryable || !strings.Contains(e.Message, "PUBLIC_BASE_URL") {
+		if e == nil || e.Code != brokererr.NotConfigured || e.Retryable || !strings.Contains(e.Message, "PUBLIC_BASE_URL") {
 			t.Errorf("no BaseURL: %+v", e)
 		}
 	}

@@ -121,9 +121,7 @@ func (s *Signer) URL(workspaceID, path string) (string, time.Time, error) {
 // error says so, and callers that can do without a link leave it out.
 func (s *Signer) base() (string, error) {
 	if s.BaseURL == "" {
-		e := brokererr.New(brokererr.Unavailable, "this broker has no public URL for links; set PUBLIC_BASE_URL or serve over HTTP")
-		e.Retryable = false
-		return "", e
+		return "", brokererr.New(brokererr.NotConfigured, "this broker has no public URL for links; set PUBLIC_BASE_URL or serve over HTTP")
 	}
 	b := strings.TrimRight(s.BaseURL, "/")
 	u, err := url.Parse(b)

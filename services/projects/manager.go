@@ -132,13 +132,16 @@ func (m *Manager) Create(ctx context.Context, principal string, req CreateReques
 	// parallel calls must not all pass the check.
 	m.mu.Lock()
 	var n int
-	if err := m.db.QueryRowContext(ctx, `SELECT COUNT(*) FROM projects WHERE principal = ?`, principal).Scan(&n); err != nil {
+	var oldest int64
+	if err := m.db.QueryRowContext(ctx, `SELECT COUNT(*), COALESCE(MIN(expires_at), 0) FROM projects WHERE principal = ?`, principal).Scan(&n, &oldest); err != nil {
 		m.mu.Unlock()
 		return Record{}, nil, brokererr.Wrap(err, brokererr.Unavailable, "project store unavailable")
 	}
 	if n += m.pending[principal]; n >= MaxPerPrincipal {
 		m.mu.Unlock()
-		return Record{}, nil, brokererr.New(brokererr.QuotaExceeded, "you have %d project sandboxes; each is destroyed %s after creation", n, m.ttl)
+		// A slot frees when the oldest expires (the reaper removes it).
+		wait := max(time.Unix(oldest, 0).Sub(m.now()), time.Second)
+		return Record{}, nil, brokererr.New(brokererr.QuotaExceeded, "you have %d project sandboxes; each is destroyed %s after creation", n, m.ttl).WithRetryAfter(wait)
 	}
 	m.pending[principal]++
 	m.mu.Unlock()

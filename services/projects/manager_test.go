@@ -182,6 +182,11 @@ func TestPerPrincipalCapHoldsUnderParallelCreates(t *testing.T) {
 	if ok != projects.MaxPerPrincipal || refused != tries-projects.MaxPerPrincipal {
 		t.Fatalf("%d created, %d refused", ok, refused)
 	}
+	// The refusal is retryable once the oldest sandbox expires.
+	_, _, err := m.Create(context.Background(), "alice", projects.CreateRequest{ProjectName: "p", Template: "node"})
+	if be := brokererr.As(err); be == nil || !be.Retryable || be.RetryAfter <= 0 || be.RetryAfter > projects.TTL {
+		t.Fatalf("refusal %#v: want retryable after at most %s", be, projects.TTL)
+	}
 	// Another principal is not affected.
 	if _, _, err := m.Create(context.Background(), "bob", projects.CreateRequest{ProjectName: "p", Template: "node"}); err != nil {
 		t.Fatal(err)

@@ -63,10 +63,8 @@ func (f *Files) foreign() error {
 			owner = fmt.Sprintf("uid %d", st.Uid)
 		}
 	}
-	e := brokererr.New(brokererr.Unavailable, "this session's files belong to %s (another sandbox backend, or a broker running as root, made them); "+
-		"the %s backend cannot take them over while the broker runs as uid %d: start a new session, or run the broker as root", owner, f.Backend, os.Geteuid())
-	e.Retryable = false
-	return e
+	return brokererr.New(brokererr.Unavailable, "this session's files belong to %s (another sandbox backend, or a broker running as root, made them); "+
+		"the %s backend cannot take them over while the broker runs as uid %d: start a new session, or run the broker as root", owner, f.Backend, os.Geteuid()).NotRetryable()
 }
 
 // WriteFile implements sandbox.Session.
