@@ -171,14 +171,7 @@ func (c Config) SecretValues() []string {
 // IsLoopback reports whether the HTTP listener binds only loopback.
 func (c Config) IsLoopback() bool {
 	host, _, err := net.SplitHostPort(c.Addr)
-	if err != nil {
-		return false
-	}
-	if strings.EqualFold(host, "localhost") {
-		return true
-	}
-	ip := net.ParseIP(host)
-	return ip != nil && ip.IsLoopback()
+	return err == nil && IsLoopbackHost(host)
 }
 
 // EffectiveOAuthMode is OAUTH_MODE, or its default: embedded when
@@ -374,7 +367,7 @@ func validateOAuth(c Config) error {
 		return fmt.Errorf("config: OAUTH_MODE=%s needs PUBLIC_BASE_URL (the https URL clients reach the broker at)", mode)
 	}
 	u, err := url.Parse(c.PublicBaseURL)
-	if err != nil || !(u.Scheme == "https" || u.Scheme == "http" && isLoopbackHost(u.Hostname())) {
+	if err != nil || !(u.Scheme == "https" || u.Scheme == "http" && IsLoopbackHost(u.Hostname())) {
 		return fmt.Errorf("config: OAUTH_MODE=%s needs an https PUBLIC_BASE_URL (http only on 127.0.0.1, [::1] or localhost)", mode)
 	}
 	switch mode {
@@ -387,14 +380,16 @@ func validateOAuth(c Config) error {
 			return errors.New("config: OAUTH_MODE=external needs OAUTH_ISSUER (the identity provider's issuer URL)")
 		}
 		iu, err := url.Parse(c.OAuthIssuer)
-		if err != nil || !(iu.Scheme == "https" || iu.Scheme == "http" && isLoopbackHost(iu.Hostname())) {
+		if err != nil || !(iu.Scheme == "https" || iu.Scheme == "http" && IsLoopbackHost(iu.Hostname())) {
 			return errors.New("config: OAUTH_ISSUER must be https (http only on loopback)")
 		}
 	}
 	return nil
 }
 
-func isLoopbackHost(h string) bool {
+// IsLoopbackHost reports whether a URL's or address's host is localhost or
+// a loopback IP: the one place plain http is allowed.
+func IsLoopbackHost(h string) bool {
 	if strings.EqualFold(h, "localhost") {
 		return true
 	}

@@ -54,9 +54,10 @@ func (b *Broker) openSigner(cfg config.Config) ([]string, error) {
 }
 
 // openEngine starts the sandbox backend, the session and job stores and
-// the project provider. A missing backend is not fatal: the broker serves
-// its other tools, the sandbox tools are not listed, and /readyz reports
-// the backend as failing.
+// the project provider. A backend the operator named (docker, process)
+// must start, or the broker does not; with auto, a missing backend is not
+// fatal: the broker serves its other tools, the sandbox tools are not
+// listed, and /readyz reports the backend as failing.
 func (b *Broker) openEngine(ctx context.Context, cfg config.Config) error {
 	if cfg.Backend == "none" { // hosted project sandboxes still work
 		return b.openProjects(ctx, cfg, "", false)
@@ -70,6 +71,9 @@ func (b *Broker) openEngine(ctx context.Context, cfg config.Config) error {
 	}
 	b.slots = sandbox.NewSlots(cfg.MaxContainers)
 	eng, dockerOK, err := b.openBackend(ctx, cfg, agentBin)
+	if err != nil && cfg.Backend != "auto" {
+		return fmt.Errorf("SANDBOX_BACKEND=%s cannot be used (set SANDBOX_BACKEND=auto to start without it): %s", cfg.Backend, causeText(b.redactor, err, 300))
+	}
 	if err != nil {
 		b.log.Error().Str("backend", cfg.Backend).Str("cause", causeText(b.redactor, err, 300)).Msg("sandbox_backend_unavailable")
 		b.checks = append(b.checks, check{"sandbox_backend", func(context.Context) error { return err }})

@@ -19,6 +19,8 @@ import (
 	"github.com/mark3labs/mcp-go/server"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/sandbox-broker/sandbox-broker/audit"
+	"github.com/sandbox-broker/sandbox-broker/middleware"
 	"github.com/sandbox-broker/sandbox-broker/services/connguard"
 	"github.com/sandbox-broker/sandbox-broker/services/identity"
 	"github.com/sandbox-broker/sandbox-broker/services/logging"
@@ -39,6 +41,9 @@ func (b *Broker) HTTPHandler() http.Handler {
 		server.WithHeartbeatInterval(25*time.Second),
 		server.WithStreamableHTTPLogger(logging.Slog(logging.Component(b.log, "mcp_http"))),
 		server.WithHTTPContextFunc(func(ctx context.Context, r *http.Request) context.Context {
+			// The user agent is the client's to choose: the audit log
+			// cleans and caps it.
+			ctx = middleware.WithSource(ctx, audit.Source{Transport: "http", ClientAddr: r.RemoteAddr, UserAgent: r.UserAgent()})
 			// The auth layer already put the principal on r's context.
 			if p, ok := identity.FromContext(r.Context()); ok {
 				return identity.WithPrincipal(ctx, p)

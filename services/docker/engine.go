@@ -6,8 +6,6 @@ package docker
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"maps"
@@ -168,7 +166,7 @@ func New(ctx context.Context, o Options) (*Engine, error) {
 		o.ReadyTimeout = defaultReadyTimeout
 	}
 	if o.InstanceID == "" {
-		o.InstanceID = newID()
+		o.InstanceID = sandbox.NewID()
 	}
 	for _, d := range []string{o.Root, filepath.Join(o.Root, "run"), filepath.Join(o.Root, "pool")} {
 		if err := os.MkdirAll(d, 0o711); err != nil {
@@ -347,7 +345,7 @@ func (e *Engine) sweepOrphans(ctx context.Context) error {
 			e.log.Warn().Err(err).Str("container", shortID(c.ID)).Msg("orphan removal failed")
 			continue
 		}
-		if id := c.Labels[LabelID]; validID(id) {
+		if id := c.Labels[LabelID]; sandbox.ValidID(id) {
 			_ = os.RemoveAll(filepath.Join(e.o.Root, "run", id))
 		}
 		e.log.Info().Str("container", shortID(c.ID)).Str("instance", c.Labels[LabelInstance]).Msg("removed orphan sandbox container")
@@ -356,7 +354,7 @@ func (e *Engine) sweepOrphans(ctx context.Context) error {
 	for _, sub := range []string{"run", "pool"} {
 		ents, _ := os.ReadDir(filepath.Join(e.o.Root, sub))
 		for _, de := range ents {
-			if validID(de.Name()) {
+			if sandbox.ValidID(de.Name()) {
 				_ = os.RemoveAll(filepath.Join(e.o.Root, sub, de.Name()))
 			}
 		}
@@ -447,22 +445,6 @@ func (c *ctr) untilDied(ctx context.Context, timeout time.Duration) (context.Con
 }
 
 func (c *ctr) socket() string { return filepath.Join(c.runDir, agent.SocketName) }
-
-func newID() string {
-	var b [8]byte
-	if _, err := rand.Read(b[:]); err != nil {
-		panic(err)
-	}
-	return hex.EncodeToString(b[:])
-}
-
-func validID(s string) bool {
-	if len(s) != 16 {
-		return false
-	}
-	_, err := hex.DecodeString(s)
-	return err == nil
-}
 
 func shortID(s string) string {
 	if len(s) > 12 {
@@ -594,7 +576,7 @@ func (e *Engine) dataIsLink(ctx context.Context, r runnerImage) bool {
 // mounted, running as uid, in slot (which it releases if it fails), and
 // waits for its agent.
 func (e *Engine) startContainer(ctx context.Context, r runnerImage, workspaceDir, workspaceLabel string, uid int, slot *sandbox.Slot) (*ctr, error) {
-	c := &ctr{id: newID(), lang: r.Language, img: r.ID, uid: uid, slot: slot, died: make(chan struct{})}
+	c := &ctr{id: sandbox.NewID(), lang: r.Language, img: r.ID, uid: uid, slot: slot, died: make(chan struct{})}
 	c.runDir = filepath.Join(e.o.Root, "run", c.id)
 	if err := prepareDir(c.runDir, uid); err != nil {
 		slot.Release()

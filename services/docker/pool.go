@@ -166,7 +166,7 @@ func (e *Engine) newPoolContainer(ctx context.Context, lang string) (*ctr, error
 	if err != nil {
 		return nil, err
 	}
-	id := newID()
+	id := sandbox.NewID()
 	uid, err := e.o.UIDs.Lease(ctx, e.poolKey(id))
 	if err != nil {
 		slot.Release()

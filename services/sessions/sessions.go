@@ -95,6 +95,16 @@ func (l *Lease) Pin() (unpin func()) {
 	}
 }
 
+// schema is the session table in state.db. Append steps; never edit
+// released ones.
+var schema = statedb.Schema{Component: "sessions", Steps: []string{`CREATE TABLE IF NOT EXISTS sessions(
+		principal TEXT NOT NULL,
+		session_id TEXT NOT NULL,
+		workspace_id TEXT NOT NULL UNIQUE,
+		created_at INTEGER NOT NULL,
+		last_used_at INTEGER NOT NULL,
+		PRIMARY KEY (principal, session_id))`}}
+
 // Open opens the session table.
 func Open(ctx context.Context, o Options) (*Manager, error) {
 	if o.IdleTimeout <= 0 {
@@ -106,21 +116,9 @@ func Open(ctx context.Context, o Options) (*Manager, error) {
 	if o.Now == nil {
 		o.Now = time.Now
 	}
-	db, err := statedb.Open(o.DBPath)
+	db, err := statedb.Open(ctx, o.DBPath, schema)
 	if err != nil {
-		return nil, err
-	}
-	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	if _, err := db.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS sessions(
-		principal TEXT NOT NULL,
-		session_id TEXT NOT NULL,
-		workspace_id TEXT NOT NULL UNIQUE,
-		created_at INTEGER NOT NULL,
-		last_used_at INTEGER NOT NULL,
-		PRIMARY KEY (principal, session_id))`); err != nil {
-		db.Close()
-		return nil, fmt.Errorf("sessions table: %w", err)
+		return nil, fmt.Errorf("sessions: %w", err)
 	}
 	if err := os.MkdirAll(filepath.Join(o.Root, "workspaces"), 0o711); err != nil {
 		db.Close()
