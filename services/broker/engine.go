@@ -84,6 +84,7 @@ func (b *Broker) openEngine(ctx context.Context, cfg config.Config) error {
 		IdleTimeout: time.Duration(cfg.IdleTimeoutMS) * time.Millisecond,
 		MaxAge:      time.Duration(cfg.MaxAgeS) * time.Second,
 		OnCreate:    b.reserveSandbox,
+		OnReap:      b.decisions.reaped,
 		Log:         logging.Component(b.log, "sessions"),
 	})
 	if err != nil {
