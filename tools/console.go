@@ -10,6 +10,7 @@ import (
 	"golang.org/x/mod/sumdb/note"
 
 	"github.com/sandbox-broker/sandbox-broker/audit"
+	"github.com/sandbox-broker/sandbox-broker/middleware"
 	"github.com/sandbox-broker/sandbox-broker/services/brokererr"
 	"github.com/sandbox-broker/sandbox-broker/services/identity"
 	"github.com/sandbox-broker/sandbox-broker/services/jobs"
@@ -252,6 +253,12 @@ func (c *Console) auditVerify() ServerTool {
 			if err != nil {
 				return nil, auditError(err)
 			}
+			// The verification's finding is in its own outcome row.
+			middleware.OutcomeDetail(ctx, "chain_ok", rep.OK)
+			middleware.OutcomeDetail(ctx, "rows", rep.Rows)
+			if !rep.OK {
+				middleware.OutcomeDetail(ctx, "first_bad_seq", rep.FirstBadSeq)
+			}
 			return jsonResult(v)
 		})
 }
@@ -297,6 +304,7 @@ func (c *Console) auditExport() ServerTool {
 				res.Rows, res.LastSeq = res.Rows+1, e.Seq
 				return sink(e)
 			})
+			middleware.OutcomeDetail(ctx, "rows", res.Rows)
 			if err != nil {
 				return nil, auditError(err)
 			}
@@ -321,6 +329,7 @@ func (c *Console) auditTail() ServerTool {
 				res.Rows, res.LastSeq = res.Rows+1, e.Seq
 				return sink(e)
 			})
+			middleware.OutcomeDetail(ctx, "rows", res.Rows)
 			if err != nil && ctx.Err() == nil {
 				return nil, auditError(err)
 			}
