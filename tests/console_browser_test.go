@@ -309,3 +309,92 @@ func TestConsoleInChromium(t *testing.T) {
 	}
 	tab.shot("operator")
 }
+
+// TestConsoleOAuthLoginInChromium signs in through the broker's own
+// authorization server: the console's client, the consent page (approved
+// with the admin's token), the callback; the admin claim carries through,
+// so the audit desk opens, and the login is an audit row.
+func TestConsoleOAuthLoginInChromium(t *testing.T) {
+	browser := newBrowser(t)
+	tokens, adminToken, _ := consoleTokens(t)
+	addr := freeAddr(t)
+	b := StartHTTP(t, BrokerOpts{Args: []string{"--addr", addr}, Env: map[string]string{
+		"MCP_TOKENS_FILE": tokens, "PUBLIC_BASE_URL": "http://" + addr, "OAUTH_MODE": "embedded", "SANDBOX_BACKEND": "none"}})
+	tab := newConsoleTab(t, browser)
+	tab.do("start the OAuth sign-in", chromedp.Navigate(b.URL+"/console/login"), chromedp.Click(chromedp.CSS("#oauth-login")),
+		chromedp.WaitVisible(chromedp.CSS(`button[value=approve]`)))
+	if page := tabGet(tab, "consent page", chromedp.OuterHTML(chromedp.CSS("body"))); !strings.Contains(page, "sandbox-broker web console") {
+		t.Errorf("the consent page does not name the console: %s", page)
+	}
+	tab.shot("consent")
+	tab.do("approve", chromedp.SendKeys(chromedp.CSS("#token"), adminToken), chromedp.Click(chromedp.CSS(`button[value=approve]`)),
+		chromedp.WaitVisible(chromedp.CSS("#run-form")))
+	if who := tab.text("#who"); !strings.Contains(who, "ops") || !strings.Contains(who, "admin") {
+		t.Errorf("signed in as %q", who)
+	}
+	tab.do("audit desk", chromedp.Navigate(b.URL+"/console/audit?tool=console.login"), chromedp.WaitVisible(chromedp.CSS("#audit-body")))
+	if rows := tab.text("#audit-body"); !strings.Contains(rows, "console.login") || !strings.Contains(rows, "oauth") {
+		t.Errorf("login rows: %q", rows)
+	}
+	tab.shot("oauth-admin")
+}
+
+// TestConsoleProjectPreviewInChromium: create a project from a template in
+// the playground, build it with its log streaming in, and see its preview
+// in the sandboxed frame: the page renders and its own script runs there,
+// on the preview's origin, not the console's.
+func TestConsoleProjectPreviewInChromium(t *testing.T) {
+	requireNodeRunner(t)
+	browser := newBrowser(t)
+	tokens, _, userToken := consoleTokens(t)
+	b := StartHTTP(t, BrokerOpts{Env: map[string]string{"MCP_TOKENS_FILE": tokens, "SANDBOX_POOL_SIZE": "0"}})
+	tab := newConsoleTab(t, browser)
+	tab.login(b.URL, userToken)
+	tab.do("create a react project", chromedp.SetValue(chromedp.CSS(`#project-form select[name=template]`), "react"),
+		chromedp.Click(chromedp.CSS(`#project-form button[type=submit]`)), chromedp.WaitVisible(chromedp.CSS("#project-out .project")))
+	tab.do("build it", chromedp.Click(chromedp.CSS(`#project-out .project form button`)))
+	tab.waitJS("the build completes", `(document.querySelector('#project-out .build')?.textContent || '').includes('Build completed')`, 3*time.Minute)
+	tab.shot("project-built")
+	src := eval[string](tab, `(() => { const f = document.querySelector('iframe.preview'); f.src = f.src; return f.src })()`)
+	origin := previewOrigin(t, src)
+	if strings.HasPrefix(origin, b.URL) {
+		t.Fatalf("the preview frame is on the console's origin: %s", src)
+	}
+	// The frame has another origin, so Chromium runs it as a target of its
+	// own; the test attaches to it as the console never could.
+	var frame context.Context
+	deadline := time.Now().Add(time.Minute)
+	for frame == nil {
+		infos, err := chromedp.Targets(tab.ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, info := range infos {
+			if info.Type == "iframe" && strings.HasPrefix(info.URL, origin) {
+				fctx, cancel := chromedp.NewContext(tab.ctx, chromedp.WithTargetID(info.TargetID))
+				t.Cleanup(cancel)
+				frame = fctx
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no frame target for %s", origin)
+		}
+		if frame == nil {
+			time.Sleep(100 * time.Millisecond) // the frame has no event of its own to wait on before it exists
+		}
+	}
+	fctx, cancel := context.WithTimeout(frame, stepTimeout)
+	defer cancel()
+	if _, err := chromedp.Run(fctx, chromedp.Poll[bool](`document.querySelector('h1')?.textContent === 'Hello from React'`,
+		chromedp.WithPollingTimeout(time.Minute))); err != nil {
+		t.Fatalf("the preview did not render in the frame: %v\n%s\n%s", err, tab.console(), grepLines(b.Logs(), "preview"))
+	}
+	if err := chromedp.Do(fctx, chromedp.Click(chromedp.CSS("button"))); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := chromedp.Run(fctx, chromedp.Poll[bool](`document.querySelector('button')?.textContent.replace(/\s+/g, ' ').trim() === 'count is 1'`,
+		chromedp.WithPollingTimeout(30*time.Second))); err != nil {
+		t.Fatalf("the preview's script did not run in the frame: %v", err)
+	}
+	tab.shot("project-preview")
+}
