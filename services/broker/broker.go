@@ -46,6 +46,7 @@ type Broker struct {
 	auditKeys audit.Keys // the web console's "verify now"
 	quota     *quota.Store
 	metrics   *middleware.Metrics
+	pm        *productMetrics
 	tokens    *identity.Registry // nil on stdio
 	oauth     *brokerOAuth       // nil unless OAuth is on (HTTP only)
 	mcp       *server.MCPServer
@@ -155,6 +156,7 @@ func New(ctx context.Context, cfg config.Config, opts Options) (b *Broker, err e
 		return nil, fmt.Errorf("open state store: %w", err)
 	}
 	b.metrics = middleware.NewMetrics()
+	b.pm = b.registerMetrics(b.metrics.Registry)
 	b.checks = []check{{"audit_log", b.audit.Ping}, {"state_store", b.quota.Ping}}
 	if err := b.openOAuth(ctx, cfg); err != nil {
 		return nil, fmt.Errorf("oauth: %w", err)
@@ -232,7 +234,7 @@ func (b *Broker) toolChain(specs map[string]middleware.ArgSpec) []server.ToolHan
 		Specs:    func(name string) (middleware.ArgSpec, bool) { s, ok := specs[name]; return s, ok },
 		Limits:   b.limits,
 		Limiter:  b.quota,
-		Audit:    b.audit,
+		Audit:    b.auditor(),
 		Metrics:  b.metrics,
 		Redactor: b.redactor,
 		Log:      logging.Component(b.log, "tools"),

@@ -35,7 +35,7 @@ func (b *Broker) mountConsole(mux *http.ServeMux, self func() http.Handler) {
 		Console:        b.consoleServer(),
 		Authenticate:   b.consoleAuthenticate,
 		Status:         b.consoleStatus,
-		Audit:          b.audit,
+		Audit:          b.auditor(),
 		Log:            b.log.With().Str("component", "console").Logger(),
 		Secure:         strings.HasPrefix(b.cfg.PublicBaseURL, "https://"),
 		FrameSources:   b.previewFrameSources,

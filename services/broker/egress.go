@@ -53,7 +53,7 @@ func (b *Broker) egressFor(principal, sessionKey string, policy egress.Policy) (
 		Policy:     policy,
 		Quota:      b.egress.get(sessionKey, b.cfg.EgressMaxConns, b.cfg.EgressMaxMB<<20),
 		Log:        log,
-		OnDecision: func(d egress.Decision) { b.decisions.egress(principal, d) },
+		OnDecision: func(d egress.Decision) { b.decisions.egress(principal, d); b.pm.egressDecision(d) },
 	})
 	if err != nil {
 		return nil, err
