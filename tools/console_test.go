@@ -65,7 +65,9 @@ func newConsoleHarness(t *testing.T) *consoleHarness {
 			}},
 		Usage: store, Limits: limits,
 		Principals: func() []identity.Principal { return []identity.Principal{consoleAdmin, consoleUser} },
-		Decisions:  func() []Decision { return []Decision{{Source: "egress", Action: "denied", Subject: "evil.example:443"}} },
+		Decisions: func() []Decision {
+			return []Decision{{Source: "egress", Action: "denied", Subject: "evil.example:443"}}
+		},
 	}).Tools(false)
 	specs := map[string]middleware.ArgSpec{}
 	for _, st := range ts {
