@@ -7,7 +7,6 @@ import (
 	"math"
 	"net/http"
 	"net/http/httptest"
-	"net/url"
 	"path/filepath"
 	"strings"
 	"time"
@@ -136,17 +135,7 @@ func (b *Broker) mcpURL() string {
 // local projects (their own listener and origins), or CodeSandbox's.
 func (b *Broker) previewFrameSources() []string {
 	if s := b.preview.Load(); s != nil {
-		h := s.host
-		if s.wildcard {
-			h = "*." + h
-		}
-		if strings.Contains(s.host, ":") {
-			h = "[" + h + "]"
-		}
-		if s.port != "" {
-			h += ":" + s.port
-		}
-		return []string{s.scheme + "://" + h}
+		return []string{s.origin("*")} // a CSP source: every sandbox's origin on a wildcard site
 	}
 	if b.projects != nil && b.projects.Provider().Name() == "codesandbox" {
 		return []string{"https://*.csb.app"}
@@ -191,12 +180,8 @@ func (b *Broker) consoleOAuth(self func() http.Handler) *console.OAuthLogin {
 type inProcess struct{ h func() http.Handler }
 
 func (t inProcess) RoundTrip(r *http.Request) (*http.Response, error) {
-	u, err := url.Parse(r.URL.String())
-	if err != nil {
-		return nil, err
-	}
 	in := r.Clone(r.Context())
-	in.RequestURI, in.Host, in.RemoteAddr = u.RequestURI(), u.Host, "127.0.0.1:0"
+	in.RequestURI, in.Host, in.RemoteAddr = r.URL.RequestURI(), r.URL.Host, "127.0.0.1:0"
 	rec := httptest.NewRecorder()
 	t.h().ServeHTTP(rec, in)
 	return rec.Result(), nil

@@ -223,7 +223,7 @@ func (c *Console) csp() string {
 func (c *Console) staticFiles() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		name := strings.TrimPrefix(r.URL.Path, staticPrefix)
-		if name == "" || strings.HasSuffix(name, "/") || path.Ext(name) == ".md" {
+		if st, err := fs.Stat(staticFS, "static/"+name); err != nil || st.IsDir() || path.Ext(name) == ".md" {
 			http.NotFound(w, r)
 			return
 		}

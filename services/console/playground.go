@@ -91,7 +91,7 @@ type (
 // Form bounds; the tools check their own limits too.
 const (
 	maxCodeBytes    = 256 << 10
-	maxFormBytes    = 512 << 10
+	maxFormBytes    = 1 << 20 // 256 KiB of code, URL-encoded
 	jobPollWait     = 25 // seconds a get_execution_output call may wait
 	jobPollInterval = time.Second
 	runTimeout      = 11 * time.Minute // above the largest timeout_s

@@ -33,7 +33,6 @@ func (c *Console) parseTemplates() error {
 		"json":    prettyJSON,
 		"dataURL": dataURL,
 		"asset":   c.assetURL,
-		"short":   short,
 		"list":    func(v ...string) []string { return v },
 		"dict":    dict,
 	}
@@ -187,13 +186,6 @@ func dict(kv ...any) (map[string]any, error) {
 		m[k] = kv[i+1]
 	}
 	return m, nil
-}
-
-func short(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	return s[:n]
 }
 
 func humanSize(n int64) string {

@@ -93,6 +93,18 @@ func (m *Manager) reaped(r Reaped) {
 	}
 }
 
+// reapedExpired reports an expired session once it is gone (one in use
+// is skipped this round and stays).
+func (m *Manager) reapedExpired(ctx context.Context, principal, id, wid string) {
+	if m.o.OnReap == nil {
+		return
+	}
+	var n int
+	if err := m.db.QueryRowContext(ctx, `SELECT count(*) FROM sessions WHERE workspace_id = ?`, wid).Scan(&n); err == nil && n == 0 {
+		m.reaped(Reaped{Action: ReapExpired, Principal: principal, SessionID: id})
+	}
+}
+
 // reapedWorkspace reports a decision about a workspace by its session.
 func (m *Manager) reapedWorkspace(ctx context.Context, action, wid string) {
 	if m.o.OnReap == nil {

@@ -360,7 +360,7 @@ func (m *Manager) Reap(ctx context.Context) {
 			m.o.Log.Warn().Str("workspace_id", e.wid).Msg("session_expire_failed")
 			continue
 		}
-		m.reaped(Reaped{Action: ReapExpired, Principal: e.principal, SessionID: e.id})
+		m.reapedExpired(ctx, e.principal, e.id, e.wid)
 	}
 }
 
