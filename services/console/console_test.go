@@ -4,12 +4,16 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"net/http"
+	"net/http/httptest"
 	"net/url"
 	"strings"
 	"testing"
 	"time"
 	"unicode"
 	"unicode/utf8"
+
+	"golang.org/x/oauth2"
 
 	"github.com/sandbox-broker/sandbox-broker/audit"
 	"github.com/sandbox-broker/sandbox-broker/services/identity"
@@ -214,5 +218,39 @@ func TestCSPFramesOnlyPreviews(t *testing.T) {
 	}
 	if got := newTestConsole(t).csp(); !strings.Contains(got, "frame-src 'none'") {
 		t.Errorf("csp without previews %q", got)
+	}
+}
+
+// TestOAuthSessionEndsWithItsGrant: a session signed in through OAuth
+// re-checks its access token on every request; once the token no longer
+// verifies (its grant revoked), the session is gone for good.
+func TestOAuthSessionEndsWithItsGrant(t *testing.T) {
+	valid := true
+	c, err := New(Deps{Authenticate: func(_ *http.Request, tok string) (identity.Principal, bool) {
+		return identity.Principal{ID: "ops"}, valid && tok == "access"
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cookie, _ := c.sessions.create(identity.Principal{ID: "ops"},
+		&oauthSession{source: oauth2.StaticTokenSource(&oauth2.Token{AccessToken: "access"})})
+	h := c.authed(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusNoContent) })
+	get := func() int {
+		req := httptest.NewRequest("GET", "/console/playground", nil)
+		req.AddCookie(&http.Cookie{Name: "sbx_console", Value: cookie})
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		return rec.Code
+	}
+	if code := get(); code != http.StatusNoContent {
+		t.Fatalf("live grant: %d", code)
+	}
+	valid = false
+	if code := get(); code != http.StatusSeeOther {
+		t.Fatalf("revoked grant: %d", code)
+	}
+	valid = true
+	if code := get(); code != http.StatusSeeOther {
+		t.Fatalf("the session came back: %d", code)
 	}
 }
