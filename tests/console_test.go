@@ -106,10 +106,11 @@ func auditRows(t *testing.T, root string, f audit.Filter) []audit.Entry {
 // the login form's own CSRF defence, and that a missing, forged or
 // cross-origin CSRF token changes nothing (the session it tried to close
 // still exists, and no close_session call was made), while the real one
-// works; logging out ends the session.
+// works; an admin closes another principal's session and cancels its job
+// from the operator view; logging out ends the session.
 func TestConsoleSessionsAndCSRF(t *testing.T) {
 	requireDocker(t)
-	tokens, _, userToken := consoleTokens(t)
+	tokens, adminToken, userToken := consoleTokens(t)
 	b := StartHTTP(t, BrokerOpts{Env: map[string]string{"MCP_TOKENS_FILE": tokens, "SANDBOX_POOL_SIZE": "0"}})
 
 	cc := newConsoleClient(t, b.URL)
@@ -191,6 +192,36 @@ func TestConsoleSessionsAndCSRF(t *testing.T) {
 	}
 	if rows := auditRows(t, b.Root, audit.Filter{Tool: "close_session", Principal: "alice", Outcome: "success"}); len(rows) != 1 {
 		t.Fatalf("close_session rows: %+v", rows)
+	}
+
+	// An admin closes alice's other session and cancels her job from the
+	// operator view; both are audited under the admin, naming alice.
+	opsClient := newConsoleClient(t, b.URL)
+	if resp := opsClient.login(adminToken); resp.StatusCode != http.StatusSeeOther {
+		t.Fatalf("admin login: %d", resp.StatusCode)
+	}
+	var other, job struct {
+		SessionID   string `json:"session_id"`
+		ExecutionID string `json:"execution_id"`
+	}
+	resultJSON(t, callTool(t, c, "upload_file", map[string]any{"path": "x.txt", "content": "x"}), &other)
+	resultJSON(t, callTool(t, c, "execute_code_async", map[string]any{"command": "sleep 60", "session_id": other.SessionID}), &job)
+	if resp, body := opsClient.req("POST", "/console/operator/cancel-execution", url.Values{"principal": {"alice"}, "execution_id": {job.ExecutionID}, "force": {"on"}},
+		"X-CSRF-Token", opsClient.csrf, "HX-Request", "true"); resp.StatusCode != http.StatusOK || !strings.Contains(body, "cancelled") {
+		t.Fatalf("admin cancel: %d %s", resp.StatusCode, body)
+	}
+	if resp, body := opsClient.req("POST", "/console/operator/close-session", url.Values{"principal": {"alice"}, "session_id": {other.SessionID}},
+		"X-CSRF-Token", opsClient.csrf, "HX-Request", "true"); resp.StatusCode != http.StatusOK {
+		t.Fatalf("admin close: %d %s", resp.StatusCode, body)
+	}
+	if res := callTool(t, c, "list_artifacts", map[string]any{"session_id": other.SessionID}); !res.IsError {
+		t.Fatal("the admin's close left the session")
+	}
+	for _, tool := range []string{"console.cancel_execution", "console.close_session"} {
+		rows := auditRows(t, b.Root, audit.Filter{Tool: tool, Principal: "ops"})
+		if len(rows) != 2 || !strings.Contains(string(rows[0].Params), `"principal":"alice"`) || rows[1].Outcome != audit.OutcomeSuccess {
+			t.Errorf("%s rows: %+v", tool, rows)
+		}
 	}
 
 	// Logging out needs the token too, then ends the session.
