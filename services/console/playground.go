@@ -92,7 +92,7 @@ type (
 const (
 	maxCodeBytes    = 256 << 10
 	maxFormBytes    = 1 << 20 // 256 KiB of code, URL-encoded
-	jobPollWait     = 25 // seconds a get_execution_output call may wait
+	jobPollWait     = 25      // seconds a get_execution_output call may wait
 	jobPollInterval = time.Second
 	runTimeout      = 11 * time.Minute // above the largest timeout_s
 )
