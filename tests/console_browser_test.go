@@ -97,7 +97,11 @@ func eval[T any](c *consoleTab, expr string) T {
 // waitJS polls a JavaScript expression until it is true.
 func (c *consoleTab) waitJS(what, expr string, timeout time.Duration) {
 	c.t.Helper()
-	tabGet(c, what, chromedp.Poll[bool](expr, chromedp.WithPollingTimeout(timeout), chromedp.WithPollingInterval(50*time.Millisecond)))
+	ctx, cancel := context.WithTimeout(c.ctx, timeout+10*time.Second)
+	defer cancel()
+	if _, err := chromedp.Run(ctx, chromedp.Poll[bool](expr, chromedp.WithPollingTimeout(timeout), chromedp.WithPollingInterval(50*time.Millisecond))); err != nil {
+		c.fail(what, err)
+	}
 }
 
 func (c *consoleTab) text(sel string) string {
@@ -167,7 +171,8 @@ var hostileDir = "<img src=x onerror=alert(1)>\x1b[31m\u202Egnp.exe" + strings.R
 // while it runs; upload a file by drag and drop and download it; be
 // refused the audit desk as a non-admin; as the admin, filter the audit
 // log to that run, open its record, verify the chain, see hostile strings
-// rendered inert, and see the person's session in the operator view.
+// rendered inert, tail the log live, and see the person's session and her
+// sandbox's refused egress in the operator view.
 // Screenshots of each step go to SCREENSHOT_DIR (CI keeps them).
 func TestConsoleInChromium(t *testing.T) {
 	requireDocker(t)
@@ -240,7 +245,8 @@ func TestConsoleInChromium(t *testing.T) {
 	}
 	tab.shot("uploaded")
 
-	// Hostile strings reach the audit log through alice's own MCP client.
+	// Hostile strings reach the audit log through alice's own MCP client,
+	// and a request her sandbox may not make reaches the egress proxy.
 	c := b.Client(t, userToken)
 	var req mcp.CallToolRequest
 	req.Params.Name = "execute_code"
@@ -250,6 +256,9 @@ func TestConsoleInChromium(t *testing.T) {
 	if _, err := c.CallTool(ctx, req); err != nil {
 		t.Fatal(err)
 	}
+	callTool(t, c, "execute_code", map[string]any{"session_id": session, "command": `python3 -c 'import urllib.request
+try: urllib.request.urlopen("http://blocked.example.net/", timeout=10)
+except Exception as e: print(e)'`, "sandbox_config": map[string]any{"network": map[string]any{"allowed_domains": []string{"*.example.org"}}}})
 
 	// A non-admin is refused the audit desk and the operator view.
 	tab.do("audit desk as a non-admin", chromedp.Navigate(b.URL+"/console/audit"))
@@ -302,10 +311,22 @@ func TestConsoleInChromium(t *testing.T) {
 	}
 	tab.shot("audit-hostile")
 
-	// The operator view lists alice's session with its container.
+	// The live tail shows a row committed after it started.
+	tab.do("tail", chromedp.Navigate(b.URL+"/console/audit?principal=alice&tool=get_usage"), chromedp.Click(chromedp.CSS("#tail-start")))
+	tab.waitJS("the tail is connected", `document.querySelector('#tail-table')?.getAttribute('sse-connect') !== null`, 10*time.Second)
+	callTool(t, c, "get_usage", nil)
+	tab.waitJS("the new row arrives in the tail", `(document.querySelector('#tail-body')?.textContent || '').includes('get_usage')`, 30*time.Second)
+	tab.shot("audit-tail")
+
+	// The operator view lists alice's session with its container, and the
+	// egress proxy's refusal.
 	tab.do("operator view", chromedp.Navigate(b.URL+"/console/operator"))
 	if sessions := tab.text("#op-sessions"); !strings.Contains(sessions, session) || !strings.Contains(sessions, "alice") || !strings.Contains(sessions, "container") {
 		t.Errorf("operator view sessions: %q", sessions)
+	}
+	if decisions := tab.text("#op-decisions"); !strings.Contains(decisions, "egress") || !strings.Contains(decisions, "blocked.example.net:80") ||
+		!strings.Contains(decisions, "not_in_allowed_domains") {
+		t.Errorf("operator view decisions: %q", decisions)
 	}
 	tab.shot("operator")
 }
