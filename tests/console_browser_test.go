@@ -27,6 +27,9 @@ func screenshotDir(t *testing.T) string {
 		dir = "screenshots"
 	}
 	dir = filepath.Join(dir, t.Name())
+	if err := os.RemoveAll(dir); err != nil { // this run's shots only
+		t.Fatal(err)
+	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
