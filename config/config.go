@@ -113,6 +113,8 @@ type Config struct {
 	OAuthAccessTTLS     int    `env:"OAUTH_ACCESS_TOKEN_TTL_S" validate:"min=60,max=86400"`
 	OAuthRefreshTTLS    int    `env:"OAUTH_REFRESH_TOKEN_TTL_S" validate:"min=3600,max=31536000"`
 	OAuthKeyMaxAgeS     int    `env:"OAUTH_KEY_MAX_AGE_S" validate:"min=3600,max=31536000"`
+	// Console turns the web console at / on or off (HTTP only).
+	Console string `env:"CONSOLE" validate:"oneof=on off"`
 }
 
 // Defaults are the embedded defaults: loopback HTTP, state under ./data.
@@ -160,6 +162,7 @@ func Defaults() Config {
 		OAuthAccessTTLS:     900,
 		OAuthRefreshTTLS:    30 * 24 * 3600,
 		OAuthKeyMaxAgeS:     30 * 24 * 3600,
+		Console:             "on",
 	}
 }
 

@@ -76,6 +76,7 @@ func TestEnvParsing(t *testing.T) {
 		"OAUTH_TIERS_FILE":         "/etc/broker/tiers.json",
 		"OAUTH_DEFAULT_TIER":       "none",
 		"OAUTH_ACCESS_TOKEN_TTL_S": "600",
+		"CONSOLE":                  "off",
 	}
 	c, err := Load(nil, envOf(env))
 	if err != nil {
@@ -97,6 +98,7 @@ func TestEnvParsing(t *testing.T) {
 		OAuthMode: "external", OAuthIssuer: "https://idp.example.com/", OAuthAudience: "api://sandbox-broker", OAuthScope: "sandbox",
 		OAuthPrincipalClaim: "email", OAuthTierClaim: "broker_tier", OAuthTiersFile: "/etc/broker/tiers.json", OAuthDefaultTier: "none",
 		OAuthAccessTTLS: 600, OAuthRefreshTTLS: 30 * 24 * 3600, OAuthKeyMaxAgeS: 30 * 24 * 3600,
+		Console: "off",
 	}
 	if !reflect.DeepEqual(c, want) {
 		t.Errorf("got  %#v\nwant %#v", c, want)
@@ -166,6 +168,7 @@ func TestInvalidVariablesAreNamed(t *testing.T) {
 		{"MCP_ALLOWED_HOSTS", "ok.example.com,bad_host!"},
 		{"MCP_ALLOWED_ORIGINS", "not a url"},
 		{"MCP_READ_ONLY", "maybe"},
+		{"CONSOLE", "maybe"},
 		{"MCP_MAX_REQUEST_BYTES", "1"},
 		{"MCP_MAX_CONNS", "8"},
 		{"MCP_MAX_UNAUTH_CONNS_PER_ADDR", "0"},

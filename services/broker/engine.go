@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -88,6 +89,7 @@ func (b *Broker) openEngine(ctx context.Context, cfg config.Config) error {
 		IdleTimeout: time.Duration(cfg.IdleTimeoutMS) * time.Millisecond,
 		MaxAge:      time.Duration(cfg.MaxAgeS) * time.Second,
 		OnCreate:    b.reserveSandbox,
+		OnReap:      b.decisions.reaped,
 		Log:         logging.Component(b.log, "sessions"),
 	})
 	if err != nil {
@@ -156,6 +158,7 @@ func (b *Broker) openBackend(ctx context.Context, cfg config.Config, agentBin st
 			UIDs:        b.uids,
 			Slots:       b.slots,
 			IdleTimeout: time.Duration(cfg.IdleTimeoutMS) * time.Millisecond,
+			OnAcquire:   b.pm.acquired,
 			Log:         b.log, // the engine names its component
 			WorkspaceLimits: workspace.Limits{MaxFiles: cfg.MaxFiles, MaxBytes: cfg.MaxWorkspaceMB << 20,
 				MaxFileBytes: min(cfg.MaxWorkspaceMB<<20, 64<<20)},
@@ -291,7 +294,9 @@ func (b *Broker) openProjects(ctx context.Context, cfg config.Config, agentBin s
 			return err
 		}
 		p, err = codesandbox.NewProvider(codesandbox.ProviderOptions{
-			API:       codesandbox.Options{BaseURL: cfg.CSBAPIURL, APIKey: cfg.CSBAPIKey.Reveal()},
+			API: codesandbox.Options{BaseURL: cfg.CSBAPIURL, APIKey: cfg.CSBAPIKey.Reveal(), HTTP: &http.Client{
+				Transport:     b.pm.instrument("codesandbox", nil),
+				CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}},
 			Templates: tpl,
 			Log:       b.log,
 		})

@@ -34,6 +34,7 @@ import (
 //	/healthz           liveness, no auth
 //	/readyz            readiness with per-component status, no auth
 //	/metrics           Prometheus, bearer auth
+//	/, /console/       the web console (services/console)
 func (b *Broker) HTTPHandler() http.Handler {
 	mcpHTTP := server.NewStreamableHTTPServer(b.mcp,
 		server.WithSessionIdManager(newSessionIDs()),
@@ -54,6 +55,8 @@ func (b *Broker) HTTPHandler() http.Handler {
 	mcpHandler := b.sessions.bind(b.limitBody(mcpHTTP))
 
 	mux := http.NewServeMux()
+	var self http.Handler
+	b.mountConsole(mux, func() http.Handler { return self })
 	mux.Handle("/mcp", b.authenticate(mcpHandler))
 	mux.Handle("GET /mcp/events", b.authenticate(mcpHandler))
 	mux.Handle("GET /metrics", b.authenticate(promhttp.HandlerFor(b.metrics.Registry, promhttp.HandlerOpts{})))
@@ -71,7 +74,8 @@ func (b *Broker) HTTPHandler() http.Handler {
 	})
 	// Signed downloads bypass the mux, which would clean their raw paths;
 	// everything else must already be canonical (the mux never redirects).
-	return b.boundBody(b.checkHostOrigin(securityHeaders(b.requireCanonicalPath(b.filesHandler().Intercept(mux)))))
+	self = b.boundBody(b.checkHostOrigin(securityHeaders(b.requireCanonicalPath(b.filesHandler().Intercept(mux)))))
+	return self
 }
 
 // requireCanonicalPath refuses, with 403, a request whose path is not

@@ -83,6 +83,9 @@ type Options struct {
 	// unused containers; it only dates the retry hint of a refusal at the
 	// cap (0: no hint).
 	IdleTimeout time.Duration
+	// OnAcquire, when set, hears how long each session waited for its
+	// container, and whether it came warm from the pool or cold (metrics).
+	OnAcquire func(language, source string, wait time.Duration)
 }
 
 const (

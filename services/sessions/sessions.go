@@ -40,8 +40,10 @@ type Options struct {
 	MaxAge      time.Duration // sessions older than this are deleted with their files; default 24 h
 	// OnCreate runs before a new session is created (the sandboxes/hour quota).
 	OnCreate func(ctx context.Context, principal string) error
-	Now      func() time.Time
-	Log      zerolog.Logger
+	// OnReap hears each of the reaper's decisions (the operator view).
+	OnReap func(Reaped)
+	Now    func() time.Time
+	Log    zerolog.Logger
 }
 
 // Manager owns every session.
@@ -357,16 +359,16 @@ func (m *Manager) Reap(ctx context.Context) {
 	if _, err := m.db.ExecContext(ctx, `UPDATE sessions SET created_at = ?1 WHERE created_at > ?1`, now.Unix()); err != nil {
 		m.o.Log.Warn().Msg("session_clock_fix_failed")
 	}
-	rows, err := m.db.QueryContext(ctx, `SELECT principal, workspace_id FROM sessions WHERE created_at <= ?`, now.Add(-m.o.MaxAge).Unix())
+	rows, err := m.db.QueryContext(ctx, `SELECT principal, session_id, workspace_id FROM sessions WHERE created_at <= ?`, now.Add(-m.o.MaxAge).Unix())
 	if err != nil {
 		m.o.Log.Warn().Msg("session_reap_query_failed")
 		return
 	}
-	type expired struct{ principal, wid string }
+	type expired struct{ principal, id, wid string }
 	var old []expired
 	for rows.Next() {
 		var e expired
-		if rows.Scan(&e.principal, &e.wid) == nil {
+		if rows.Scan(&e.principal, &e.id, &e.wid) == nil {
 			old = append(old, e)
 		}
 	}
@@ -374,7 +376,9 @@ func (m *Manager) Reap(ctx context.Context) {
 	for _, e := range old {
 		if err := m.destroy(ctx, e.principal, e.wid, false); err != nil {
 			m.o.Log.Warn().Str("workspace_id", e.wid).Msg("session_expire_failed")
+			continue
 		}
+		m.reapedExpired(ctx, e.principal, e.id, e.wid)
 	}
 }
 
@@ -401,4 +405,5 @@ func (m *Manager) releaseIdle(ctx context.Context, wid string, now time.Time) {
 	delete(m.live, wid)
 	m.mu.Unlock()
 	m.o.Log.Info().Str("workspace_id", wid).Msg("session_idle_released")
+	m.reapedWorkspace(ctx, ReapIdleReleased, wid)
 }
