@@ -27,18 +27,9 @@ func requireBwrap(t testing.TB) {
 
 // backends runs fn once per sandbox backend, each with its own broker.
 func backends(t *testing.T, extra map[string]string, fn func(t *testing.T, backend string, b *Broker, c *client.Client)) {
-	for _, name := range []string{"docker", "process"} {
+	for _, name := range sandboxBackends {
 		t.Run(name, func(t *testing.T) {
-			if name == "docker" {
-				requireDocker(t)
-			} else {
-				requireBwrap(t)
-			}
-			env := map[string]string{"SANDBOX_BACKEND": name, "SANDBOX_POOL_SIZE": "0"}
-			for k, v := range extra {
-				env[k] = v
-			}
-			b := StartHTTP(t, BrokerOpts{Token: testToken, Env: env})
+			b := startBackend(t, name, BrokerOpts{Env: extra})
 			fn(t, name, b, b.Client(t, testToken))
 		})
 	}
@@ -280,8 +271,7 @@ func TestJobSurvivesBrokerRestart(t *testing.T) {
 		resultJSON(t, done, &fin)
 		_ = b.cmd.Process.Signal(syscall.SIGKILL)
 		<-b.done
-		env := map[string]string{"SANDBOX_BACKEND": backend, "SANDBOX_POOL_SIZE": "0"}
-		b2 := StartHTTP(t, BrokerOpts{Root: b.Root, Token: testToken, Env: env})
+		b2 := startBackend(t, backend, BrokerOpts{Root: b.Root})
 		c2 := b2.Client(t, testToken)
 		var st struct {
 			Status string `json:"status"`

@@ -86,7 +86,10 @@ func TestFilesPersistAndChanged(t *testing.T) {
 }
 
 func TestNoNetwork(t *testing.T) {
-	b := newBackend(t, nil)
+	eachRoot(t, nil, func(t *testing.T, b *Backend) { testNoNetwork(t, b) })
+}
+
+func testNoNetwork(t *testing.T, b *Backend) {
 	s := open(t, b)
 	res := exec1(t, s, "python", `
 import socket
@@ -156,7 +159,10 @@ func TestHostInvisible(t *testing.T) {
 // host directory the broker leaked is out of reach (issue 15, defect 1,
 // here without the broker's own close-on-exec pass).
 func TestStrayDescriptorNeverReachesSandbox(t *testing.T) {
-	b := newBackend(t, nil)
+	eachRoot(t, nil, func(t *testing.T, b *Backend) { testStrayDescriptorNeverReachesSandbox(t, b) })
+}
+
+func testStrayDescriptorNeverReachesSandbox(t *testing.T, b *Backend) {
 	dir := filepath.Join(newRoot(t), "hostdir")
 	if err := os.Mkdir(dir, 0o777); err != nil {
 		t.Fatal(err)
@@ -190,10 +196,13 @@ func mustJSON(v any) string {
 }
 
 func TestWritableOnlyWorkspaceAndTmp(t *testing.T) {
-	b := newBackend(t, nil)
+	eachRoot(t, nil, func(t *testing.T, b *Backend) { testWritableOnlyWorkspaceAndTmp(t, b) })
+}
+
+func testWritableOnlyWorkspaceAndTmp(t *testing.T, b *Backend) {
 	s := open(t, b)
 	res := exec1(t, s, "bash", `
-for p in /x /usr/x /etc/x /etc/passwd /opt/sandbox/broker /opt/x /run/x /run/sandbox-egress/x /dev/x /proc/x /mnt/x /bin/x; do
+for p in /x /usr/x /etc/x /etc/passwd /etc/shadow /opt/sandbox/broker /opt/x /run/x /run/sandbox-egress/x /dev/x /proc/x /mnt/x /bin/x /home/sandbox/x /var/tmp/x /run/lock/x /root/x; do
   if (echo hi > "$p") 2>/dev/null; then echo "WROTE $p"; fi
 done
 echo ok > /mnt/data/w && echo ok > /tmp/w && echo ok > /dev/shm/w && echo writable-ok
@@ -205,7 +214,10 @@ echo ok > /mnt/data/w && echo ok > /tmp/w && echo ok > /dev/shm/w && echo writab
 }
 
 func TestPidNamespace(t *testing.T) {
-	b := newBackend(t, nil)
+	eachRoot(t, nil, func(t *testing.T, b *Backend) { testPidNamespace(t, b) })
+}
+
+func testPidNamespace(t *testing.T, b *Backend) {
 	s := open(t, b)
 	res := exec1(t, s, "python", `
 import os
@@ -265,13 +277,16 @@ func TestDaemonAfterNormalExitIsSwept(t *testing.T) {
 }
 
 func TestRlimits(t *testing.T) {
-	b := newBackend(t, func(o *Options) {
+	eachRoot(t, func(o *Options) {
 		o.NProc = 48
 		o.FSizeBytes = 1 << 20
 		o.NoFile = 512
 		o.CPUSeconds = 120
 		o.AddressSpace = 3 << 30
-	})
+	}, testRlimits)
+}
+
+func testRlimits(t *testing.T, b *Backend) {
 	s := open(t, b)
 	res := exec1(t, s, "bash", "cat /proc/self/limits", 20*time.Second)
 	limits := string(res.Stdout)
@@ -556,7 +571,7 @@ func TestAgentSocketSymlinkRefused(t *testing.T) {
 
 func TestBwrapArgsBindOnlyWhatTheyShould(t *testing.T) {
 	b := &Backend{o: withDefaults(Options{Root: "/srv/root"}), etcDir: "/srv/root/etc-sandbox", agent: "/srv/root/bin/sandbox-agent"}
-	args := b.bwrapArgs("/srv/root/workspaces/w", "/srv/root/run/p-1", []string{"/cmd"})
+	args := b.bwrapArgs(&runner{}, "/srv/root/workspaces/w", "/srv/root/run/p-1", []string{"/cmd"})
 	allowed := map[string]bool{"/usr": true, "/srv/root/workspaces/w": true, "/srv/root/run/p-1": true, "/srv/root/bin/sandbox-agent": true}
 	for _, p := range hostEtc {
 		allowed[p] = true
