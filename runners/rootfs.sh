@@ -104,8 +104,9 @@ chown root:root "$DIR"; chmod 0755 "$DIR"
 install_generation() {
   local lang="$1" gen="$1.$2" prev="" g
   prev="$(readlink "$DIR/$lang" 2>/dev/null || true)"
-  if [ -e "$DIR/$gen" ]; then
-    [ "$prev" = "$gen" ] && die "internal: $gen is current"
+  if [ "$prev" = "$gen" ]; then
+    gen="$gen-$(date -u +%Y%m%d%H%M%S)" # --force on the same image
+  elif [ -e "$DIR/$gen" ]; then
     rm -rf --one-file-system "${DIR:?}/$gen"
   fi
   mv "$BUILD" "$DIR/$gen"; BUILD=""
