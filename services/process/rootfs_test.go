@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -11,8 +12,11 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
+
+	"github.com/rs/zerolog"
 
 	"github.com/sandbox-broker/sandbox-broker/services/brokererr"
 	"github.com/sandbox-broker/sandbox-broker/services/runnerfs"
@@ -304,4 +308,38 @@ func copyRunners(src, dst string) error {
 		return fmt.Errorf("copy the runners: %v: %s", err, out)
 	}
 	return nil
+}
+
+// TestRunnersOutsideRootWarned: sandboxes read a bind's source path in
+// their mount table, so runner file systems outside SANDBOX_ROOT (and
+// not on a filesystem of their own) are logged as visible; inside, they
+// are not.
+func TestRunnersOutsideRootWarned(t *testing.T) {
+	for name, outside := range map[string]bool{"inside": false, "outside": true} {
+		t.Run(name, func(t *testing.T) {
+			var logs strings.Builder
+			newBackend(t, func(o *Options) {
+				dir := o.Root
+				if outside {
+					dir = newRoot(t)
+				}
+				o.RunnersDir = linkRunners(t, dir)
+				o.Log = zerolog.New(&syncWriter{w: &logs})
+			})
+			if warned := strings.Contains(logs.String(), "runner_rootfs_path_visible_to_sandboxes"); warned != outside {
+				t.Errorf("warned=%v for runners %s the root:\n%s", warned, name, logs.String())
+			}
+		})
+	}
+}
+
+type syncWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (s *syncWriter) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.w.Write(p)
 }

@@ -76,7 +76,9 @@ func (b *Backend) loadRunners() error {
 // filesystem, which hides nothing unless the runners dir is inside
 // SANDBOX_ROOT (on its overlay) or the root of a filesystem of its own.
 func (b *Backend) checkRunnersPrivate() {
-	if strings.HasPrefix(b.o.RunnersDir, b.o.Root+string(filepath.Separator)) {
+	dir, err1 := filepath.EvalSymlinks(b.o.RunnersDir) // what the binds resolve
+	root, err2 := filepath.EvalSymlinks(b.o.Root)
+	if err1 == nil && err2 == nil && strings.HasPrefix(dir, root+string(filepath.Separator)) {
 		return
 	}
 	if res, err := rootfs.Ensure(b.o.RunnersDir, false); err == nil && res.Private {
