@@ -61,7 +61,7 @@ func (b *Backend) loadRunners() error {
 		return nil
 	}
 	host := &runner{lang: agent.LangBash}
-	for lang := range b.hostInterpreters() {
+	for _, lang := range b.hostLanguages() {
 		b.runners[lang] = host
 	}
 	if _, ok := b.runners[agent.LangPython]; ok {
@@ -87,10 +87,10 @@ func (b *Backend) checkRunnersPrivate() {
 	b.log.Warn().Msg("runner_rootfs_path_visible_to_sandboxes")
 }
 
-// hostInterpreters lists, per language, the host interpreter found under
+// hostLanguages lists the languages whose interpreter the host has under
 // /usr (PATH inside is /usr/local/bin:/usr/bin).
-func (b *Backend) hostInterpreters() map[string]string {
-	m := map[string]string{}
+func (b *Backend) hostLanguages() []string {
+	var out []string
 	for _, lang := range agent.RunLanguages {
 		bin, ok := interpreters[lang]
 		if !ok || len(b.o.Languages) > 0 && !slices.Contains(b.o.Languages, lang) {
@@ -99,12 +99,12 @@ func (b *Backend) hostInterpreters() map[string]string {
 		for _, dir := range []string{"/usr/local/bin", "/usr/bin"} {
 			p := filepath.Join(dir, bin)
 			if st, err := os.Stat(p); err == nil && st.Mode().IsRegular() && st.Mode()&0o111 != 0 {
-				m[lang] = p
+				out = append(out, lang)
 				break
 			}
 		}
 	}
-	return m
+	return out
 }
 
 // interpreters lists, per run_code language (agent.RunLanguages), the
