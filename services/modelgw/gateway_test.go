@@ -124,8 +124,10 @@ func (h *harness) sandbox(t *testing.T, handler http.Handler) *http.Client {
 	})
 	proxy, _ := url.Parse("http://127.0.0.1:1")
 	return &http.Client{Transport: &http.Transport{
-		Proxy:       http.ProxyURL(proxy),
-		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) { return (&net.Dialer{}).DialContext(ctx, "unix", sock) },
+		Proxy: http.ProxyURL(proxy),
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			return (&net.Dialer{}).DialContext(ctx, "unix", sock)
+		},
 	}, Timeout: 30 * time.Second}
 }
 
