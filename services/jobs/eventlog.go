@@ -24,6 +24,13 @@ const (
 	EventTimeout   = "timeout"
 	EventError     = "error"
 	EventCancelled = "cancelled"
+	// A coding agent's task (execute_task) turns the agent's stream into
+	// these instead of stdout events.
+	EventAssistant  = "assistant"   // Data: the agent's text
+	EventToolUse    = "tool_use"    // Tool: the tool it called; Data: the input (JSON)
+	EventToolResult = "tool_result" // Data: what the tool returned; IsError when it failed
+	EventResult     = "result"      // Data: the agent's final answer
+	EventTask       = "task"        // Detail: the task's outcome, just before the closing event
 )
 
 // Event is one entry of a job's output log. Seq increases by one per event
@@ -38,6 +45,10 @@ type Event struct {
 	DurationMS     *int64 `json:"duration_ms,omitempty"`
 	TimeoutSeconds int    `json:"timeout_seconds,omitempty"`
 	Message        string `json:"message,omitempty"`
+	Tool           string `json:"tool,omitempty"`
+	IsError        bool   `json:"is_error,omitempty"`
+	// Detail is a structured payload (the task event's outcome).
+	Detail json.RawMessage `json:"detail,omitempty"`
 }
 
 // eventLog is a job's bounded on-disk log: JSON lines in at most two

@@ -257,6 +257,13 @@ type StartRequest struct {
 	// OnEnd runs once the job has ended and its status is stored (unpin
 	// the session, bill the time).
 	OnEnd func(sandbox.JobExit)
+	// Stdout, when set, turns the job's stdout into events (a coding
+	// agent's JSON stream); it is called serially. Stderr stays raw.
+	Stdout func(data []byte) []Event
+	// Final, when set, runs once a started job has ended, before its
+	// closing event; the events it returns are logged first (a task's
+	// outcome).
+	Final func(sandbox.JobExit) []Event
 }
 
 func newID() string {
@@ -320,13 +327,14 @@ func (m *Manager) Start(ctx context.Context, req StartRequest) (string, error) {
 	spec := req.Spec
 	spec.ID = id
 	sink := func(stream string, data []byte) {
-		typ := EventStdout
-		if stream == sandbox.StreamStderr {
-			typ = EventStderr
+		evs := []Event{{Type: EventStdout, Data: toText(data)}}
+		switch {
+		case stream == sandbox.StreamStderr:
+			evs[0].Type = EventStderr
+		case req.Stdout != nil:
+			evs = req.Stdout(data)
 		}
-		if _, err := j.log.append(Event{Type: typ, Data: toText(data)}, m.o.Now()); err != nil {
-			m.o.Log.Warn().Str("execution_id", id).Msg("job_log_append_failed")
-		}
+		m.appendAll(j, evs)
 	}
 	// Ready goes first so a reader sees the job before any output.
 	if _, err := j.log.append(Event{Type: EventReady, TimeoutSeconds: int(spec.Timeout / time.Second)}, now); err != nil {
@@ -350,9 +358,24 @@ func (m *Manager) Start(ctx context.Context, req StartRequest) (string, error) {
 	go func() {
 		defer m.wg.Done()
 		<-h.Done()
-		m.finish(j, h.Exit(), req.OnEnd)
+		x := h.Exit()
+		if req.Final != nil {
+			m.appendAll(j, req.Final(x))
+		}
+		m.finish(j, x, req.OnEnd)
 	}()
 	return id, nil
+}
+
+// appendAll logs evs in order.
+func (m *Manager) appendAll(j *job, evs []Event) {
+	for _, ev := range evs {
+		ev.Data = toText([]byte(ev.Data))
+		if _, err := j.log.append(ev, m.o.Now()); err != nil {
+			m.o.Log.Warn().Str("execution_id", j.id).Msg("job_log_append_failed")
+			return
+		}
+	}
 }
 
 // toText keeps output as valid UTF-8 text.
