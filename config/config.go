@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/url"
 	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -95,6 +96,20 @@ type Config struct {
 	// or files each entry names.
 	GitHubReposFile string `env:"GITHUB_REPOS_FILE" validate:"omitempty,filepath"`
 	GitHubAPIURL    string `env:"GITHUB_API_URL" validate:"http_url"`
+	// Agent tasks (execute_task, services/broker/agent.go): on with a model
+	// API key; the gateway's upstream and allow-list, the agent runner's
+	// limits, and each tier's task policy (AGENT_TIERS, JSON).
+	AnthropicAPIKey   Secret   `env:"ANTHROPIC_API_KEY" validate:"omitempty,min=8,max=512,printascii"`
+	AnthropicAPIURL   string   `env:"ANTHROPIC_API_URL" validate:"http_url,max=512"`
+	AgentKeysFile     string   `env:"AGENT_KEYS_FILE" validate:"omitempty,filepath"`
+	AgentModels       []string `env:"AGENT_MODELS" validate:"min=1,max=16,dive,min=1,max=64,printascii,excludesall= "`
+	AgentSmallModel   string   `env:"AGENT_SMALL_MODEL" validate:"min=1,max=64,printascii"`
+	AgentTimeoutS     int      `env:"AGENT_TIMEOUT_S" validate:"min=1,max=3600"`
+	AgentMaxTurns     int      `env:"AGENT_MAX_TURNS" validate:"min=1,max=1000"`
+	AgentMemoryMB     int64    `env:"AGENT_MEMORY_MB" validate:"min=256,max=65536"`
+	AgentCPUsMilli    int      `env:"AGENT_CPUS_MILLI" validate:"min=100,max=64000"`
+	AgentMaxRequestMB int64    `env:"AGENT_MAX_REQUEST_MB" validate:"min=1,max=32"`
+	AgentTiers        string   `env:"AGENT_TIERS" validate:"omitempty,max=4096,json"`
 	// OAuth for remote connectors (see EffectiveOAuthMode).
 	OAuthMode           string `env:"OAUTH_MODE" validate:"omitempty,oneof=embedded external off"`
 	OAuthIssuer         string `env:"OAUTH_ISSUER" validate:"omitempty,http_url,max=512"`
@@ -147,6 +162,15 @@ func Defaults() Config {
 		GitHubAPIURL:    "https://api.github.com/",
 		BuildWaitS:      50,
 
+		AnthropicAPIURL:   "https://api.anthropic.com",
+		AgentModels:       []string{"claude-sonnet-4-5", "claude-haiku-4-5"},
+		AgentSmallModel:   "claude-haiku-4-5",
+		AgentTimeoutS:     300,
+		AgentMaxTurns:     50,
+		AgentMemoryMB:     4096,
+		AgentCPUsMilli:    2000,
+		AgentMaxRequestMB: 8,
+
 		OAuthPrincipalClaim: "sub",
 		OAuthDefaultTier:    "free",
 		OAuthAccessTTLS:     900,
@@ -157,7 +181,14 @@ func Defaults() Config {
 
 // SecretValues lists every configured secret, for the redactor.
 func (c Config) SecretValues() []string {
-	return []string{c.APIToken.Reveal(), c.FileSecret.Reveal(), c.FileSecretPrev.Reveal(), c.AuditHMACKey.Reveal(), c.CSBAPIKey.Reveal()}
+	return []string{c.APIToken.Reveal(), c.FileSecret.Reveal(), c.FileSecretPrev.Reveal(), c.AuditHMACKey.Reveal(), c.CSBAPIKey.Reveal(),
+		c.AnthropicAPIKey.Reveal()}
+}
+
+// TasksEnabled reports whether agent tasks are configured: a model API key
+// for everyone or per principal.
+func (c Config) TasksEnabled() bool {
+	return c.AnthropicAPIKey.Reveal() != "" || c.AgentKeysFile != ""
 }
 
 // IsLoopback reports whether the HTTP listener binds only loopback.
@@ -336,6 +367,9 @@ func Validate(c Config) error {
 	if err := validatePreview(c); err != nil {
 		return err
 	}
+	if err := validateAgent(c); err != nil {
+		return err
+	}
 	if c.PublicBaseURL != "" {
 		// The value is not echoed: user info or a query may hold a credential.
 		u, err := url.Parse(c.PublicBaseURL)
@@ -377,6 +411,21 @@ func validateOAuth(c Config) error {
 		if err != nil || !(iu.Scheme == "https" || iu.Scheme == "http" && isLoopbackHost(iu.Hostname())) {
 			return errors.New("config: OAUTH_ISSUER must be https (http only on loopback)")
 		}
+	}
+	return nil
+}
+
+// validateAgent checks what the model gateway needs: the key travels to
+// ANTHROPIC_API_URL, so plain http only to loopback (a local fake), and
+// the small model must be one the gateway allows.
+func validateAgent(c Config) error {
+	u, err := url.Parse(c.AnthropicAPIURL)
+	if err != nil || u.User != nil || u.RawQuery != "" || u.Fragment != "" ||
+		!(u.Scheme == "https" || u.Scheme == "http" && isLoopbackHost(u.Hostname())) {
+		return errors.New("config: ANTHROPIC_API_URL must be an https URL (http only on loopback) without user info, query or fragment; its value is not shown")
+	}
+	if !slices.Contains(c.AgentModels, c.AgentSmallModel) {
+		return fmt.Errorf("config: AGENT_SMALL_MODEL=%q must be one of AGENT_MODELS", c.AgentSmallModel)
 	}
 	return nil
 }

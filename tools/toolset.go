@@ -6,6 +6,7 @@ package tools
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 
@@ -125,6 +126,12 @@ func (ts *Toolset) Tools(readOnly bool) []ServerTool {
 // Group is every toolset the broker knows.
 type Group struct {
 	sets []*Toolset
+}
+
+// Drop removes the named toolset: one the broker cannot serve as
+// configured. "all" then leaves it out and naming it is an error.
+func (g *Group) Drop(name string) {
+	g.sets = slices.DeleteFunc(g.sets, func(ts *Toolset) bool { return ts.Name == name })
 }
 
 // Toolsets returns the group's toolsets in registration order.

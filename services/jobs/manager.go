@@ -262,11 +262,15 @@ type StartRequest struct {
 	Stdout func(data []byte) []Event
 	// Final, when set, runs once a started job has ended, before its
 	// closing event; the events it returns are logged first (a task's
-	// outcome).
-	Final func(sandbox.JobExit) []Event
+	// outcome). cancelled says cancel_execution ended it.
+	Final func(x sandbox.JobExit, cancelled bool) []Event
+	// ID, when set, is the execution's ID (from NewID), for a caller that
+	// must name the job before it starts; "" assigns one.
+	ID string
 }
 
-func newID() string {
+// NewID returns a new execution ID.
+func NewID() string {
 	var b [16]byte
 	_, _ = rand.Read(b[:])
 	return "exec_" + hex.EncodeToString(b[:])
@@ -299,7 +303,13 @@ func (m *Manager) Start(ctx context.Context, req StartRequest) (string, error) {
 		m.mu.Unlock()
 		return refuse(limitError("this session runs its maximum of %d concurrent executions; wait for one to finish or cancel one", m.o.MaxPerSession))
 	}
-	id := newID()
+	id := req.ID
+	if id == "" {
+		id = NewID()
+	} else if !IDPattern.MatchString(id) || m.live[id] != nil {
+		m.mu.Unlock()
+		return refuse(brokererr.New(brokererr.InternalError, "invalid execution id"))
+	}
 	j := &job{id: id, principal: req.Principal, sessionKey: req.SessionKey, interactive: req.Spec.Interactive,
 		timeout: req.Spec.Timeout, done: make(chan struct{})}
 	m.live[id] = j
@@ -360,7 +370,10 @@ func (m *Manager) Start(ctx context.Context, req StartRequest) (string, error) {
 		<-h.Done()
 		x := h.Exit()
 		if req.Final != nil {
-			m.appendAll(j, req.Final(x))
+			j.mu.Lock()
+			cancelled := j.cancelled
+			j.mu.Unlock()
+			m.appendAll(j, req.Final(x, cancelled))
 		}
 		m.finish(j, x, req.OnEnd)
 	}()

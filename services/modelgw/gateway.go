@@ -116,8 +116,8 @@ type Caller struct {
 	Principal string
 	Limits    Limits
 	SessionID string
-	// ExecutionID names the task's execution in audit rows once known.
-	ExecutionID func() string
+	// ExecutionID names the task's execution in audit rows.
+	ExecutionID string
 	// OnRefused, when set, hears of every call the gateway refused with the
 	// broker's error (QUOTA_EXCEEDED when a budget is used up).
 	OnRefused func(*brokererr.Error)
@@ -179,12 +179,7 @@ type call struct {
 func (g *Gateway) newCall(c Caller, tool string) *call {
 	var b [8]byte
 	_, _ = rand.Read(b[:])
-	p := map[string]any{"session_id": c.SessionID}
-	if c.ExecutionID != nil {
-		if id := c.ExecutionID(); id != "" {
-			p["execution_id"] = id
-		}
-	}
+	p := map[string]any{"session_id": c.SessionID, "execution_id": c.ExecutionID}
 	return &call{g: g, c: c, id: "model-" + hex.EncodeToString(b[:]), tool: tool, start: time.Now(), params: p}
 }
 

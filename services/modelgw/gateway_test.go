@@ -79,7 +79,7 @@ func newHarness(t *testing.T, l Limits, script anthropicfake.Script) *harness {
 	if err != nil {
 		t.Fatal(err)
 	}
-	caller := Caller{Principal: "alice", Limits: l, SessionID: "s1", ExecutionID: func() string { return "exec_1" },
+	caller := Caller{Principal: "alice", Limits: l, SessionID: "s1", ExecutionID: "exec_1",
 		OnRefused: func(e *brokererr.Error) { h.mu.Lock(); h.refused = append(h.refused, e); h.mu.Unlock() }}
 	h.client = h.sandbox(t, h.gw.Handler(caller))
 	return h
