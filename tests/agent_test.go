@@ -2,6 +2,7 @@ package tests
 
 import (
 	"bytes"
+	"context"
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
@@ -11,12 +12,14 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/mark3labs/mcp-go/client"
+	"github.com/mark3labs/mcp-go/mcp"
 
 	"github.com/sandbox-broker/sandbox-broker/services/github/ghfake"
 	fake "github.com/sandbox-broker/sandbox-broker/services/modelgw/anthropicfake"
@@ -73,8 +76,11 @@ func toolResult(r fake.Request) string {
 
 var reminders = regexp.MustCompile(`(?s)\s*<system-reminder>.*?</system-reminder>\s*`)
 
+// bash calls Claude Code's Bash tool with the longest tool timeout (10
+// min), as an agent expecting slow work does: on a loaded machine the
+// default 2 min can pass before pandas has imported.
 func bash(cmd string) fake.Block {
-	return fake.ToolUse("Bash", map[string]any{"command": cmd, "description": "run a command"})
+	return fake.ToolUse("Bash", map[string]any{"command": cmd, "description": "run a command", "timeout": 600000})
 }
 
 func text(s string) fake.Reply { return fake.Reply{Content: []fake.Block{fake.Text(s)}} }
@@ -230,7 +236,7 @@ type taskEvent struct {
 	Detail  json.RawMessage `json:"detail"`
 }
 
-func runTask(t *testing.T, c *client.Client, args map[string]any) (taskResult, string) {
+func runTask(t testing.TB, c *client.Client, args map[string]any) (taskResult, string) {
 	t.Helper()
 	res := callTool(t, c, "execute_task", args)
 	if res.IsError {
@@ -243,7 +249,7 @@ func runTask(t *testing.T, c *client.Client, args map[string]any) (taskResult, s
 }
 
 // taskEvents reads all of an execution's events.
-func taskEvents(t *testing.T, c *client.Client, id string) (string, []taskEvent, string) {
+func taskEvents(t testing.TB, c *client.Client, id string) (string, []taskEvent, string) {
 	t.Helper()
 	res := callTool(t, c, "get_execution_output", map[string]any{"execution_id": id})
 	if res.IsError {
@@ -270,7 +276,7 @@ func eventTypes(evs []taskEvent) string {
 	return strings.Join(out, ",")
 }
 
-func getFile(t *testing.T, c *client.Client, session, path string) []byte {
+func getFile(t testing.TB, c *client.Client, session, path string) []byte {
 	t.Helper()
 	res := callTool(t, c, "get_files", map[string]any{"session_id": session, "paths": []string{path}})
 	if res.IsError {
@@ -292,7 +298,7 @@ func getFile(t *testing.T, c *client.Client, session, path string) []byte {
 }
 
 // agentContainers lists the broker's agent-runner containers.
-func agentContainers(t *testing.T, root string) []string {
+func agentContainers(t testing.TB, root string) []string {
 	t.Helper()
 	out, err := exec.Command("docker", "ps", "-q", "--filter", "label=sandbox.root="+root, "--filter", "label=sandbox.language=agent").Output()
 	if err != nil {
@@ -302,7 +308,7 @@ func agentContainers(t *testing.T, root string) []string {
 }
 
 // processesIn lists a container's processes as the host sees them.
-func processesIn(t *testing.T, id string) string {
+func processesIn(t testing.TB, id string) string {
 	t.Helper()
 	out, err := exec.Command("docker", "top", id, "-eo", "pid,args").CombinedOutput()
 	if err != nil {
@@ -591,6 +597,67 @@ func TestAgentTasks(t *testing.T) {
 		after, _ := os.ReadDir(filepath.Join(env.b.Root, "workspaces"))
 		if n := len(agentContainers(t, env.b.Root)); n != before || len(after) != len(ws) {
 			t.Fatalf("refused calls started something: containers %d→%d, workspaces %d→%d", before, n, len(ws), len(after))
+		}
+	})
+
+	t.Run("the agent's stream arrives as log and progress notifications", func(t *testing.T) {
+		c := env.b.Client(t, env.tokens["alice"])
+		var mu sync.Mutex
+		logs := map[string][]string{}
+		progress := 0
+		c.OnNotification(func(n mcp.JSONRPCNotification) {
+			mu.Lock()
+			defer mu.Unlock()
+			switch n.Method {
+			case "notifications/message":
+				logger, _ := n.Params.AdditionalFields["logger"].(string)
+				data, _ := n.Params.AdditionalFields["data"].(string)
+				logs[logger] = append(logs[logger], data)
+			case "notifications/progress":
+				progress++
+			}
+		})
+		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+		defer cancel()
+		//lint:ignore SA1019 the broker negotiates the legacy protocol, where setLevel asks for log notifications
+		if err := c.SetLevel(ctx, mcp.SetLevelRequest{Params: mcp.SetLevelParams{Level: mcp.LoggingLevelDebug}}); err != nil {
+			t.Fatal(err)
+		}
+		var req mcp.CallToolRequest
+		req.Params.Name = "execute_task"
+		req.Params.Arguments = map[string]any{"task": caseTwoCalls + " go", "timeout": 120}
+		req.Params.Meta = &mcp.Meta{ProgressToken: "task"}
+		res, err := c.CallTool(ctx, req)
+		if err != nil || res.IsError {
+			t.Fatalf("execute_task: %v %+v", err, res)
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if !slices.Contains(logs["sandbox.tool_use"], `Bash {"command":"echo one","description":"run a command","timeout":600000}`) ||
+			len(logs["sandbox.tool_result"]) != 1 || !strings.HasPrefix(logs["sandbox.tool_result"][0], "one") ||
+			!slices.Contains(logs["sandbox.result"], "two calls done") || progress < 1 {
+			t.Fatalf("notifications: %d progress, logs %q", progress, logs)
+		}
+	})
+
+	t.Run("the agent runner runs tasks only, with its own limits", func(t *testing.T) {
+		var runners struct {
+			Runners []struct{ Language string } `json:"runners"`
+		}
+		resultJSON(t, callTool(t, alice, "list_runners", nil), &runners)
+		for _, r := range runners.Runners {
+			if r.Language == "agent" {
+				t.Fatal("list_runners offers the agent runner")
+			}
+		}
+		mustToolError(t, callTool(t, alice, "run_code", map[string]any{"language": "agent", "code": "echo hi"}), "UNKNOWN_LANGUAGE")
+		ids := agentContainers(t, env.b.Root)
+		if len(ids) == 0 {
+			t.Fatal("no agent container to inspect")
+		}
+		out, err := exec.Command("docker", "inspect", "-f", "{{.HostConfig.Memory}} {{.HostConfig.NanoCpus}} {{.HostConfig.NetworkMode}} {{.HostConfig.ReadonlyRootfs}}", ids[0]).Output()
+		if err != nil || strings.TrimSpace(string(out)) != "4294967296 2000000000 none true" {
+			t.Fatalf("agent container limits: %q %v", out, err)
 		}
 	})
 

@@ -222,6 +222,7 @@ func (t *Tasks) ExecuteTask() ServerTool {
 			if err := t.ready(); err != nil {
 				return nil, err
 			}
+			begun := time.Now()
 			pl, err := t.plan(ctx, p, a)
 			if err != nil {
 				return nil, err
@@ -230,7 +231,11 @@ func (t *Tasks) ExecuteTask() ServerTool {
 			if err != nil {
 				return nil, err
 			}
-			_, _ = t.Jobs.follow(ctx, p, id, "task", min(maxInlineWait, pl.timeout+5*time.Second))
+			// The wait counts from the call's start: a slow container start
+			// must not push the answer past what clients allow a call.
+			if wait := min(maxInlineWait-time.Since(begun), pl.timeout+5*time.Second); wait > 0 {
+				_, _ = t.Jobs.follow(ctx, p, id, "task", wait)
+			}
 			res := t.result(ctx, p, id)
 			res.SessionID = sess
 			return t.withFiles(ctx, p, res)

@@ -398,3 +398,25 @@ func TestBudgetTakeIsAtomic(t *testing.T) {
 		t.Fatalf("%+v", s)
 	}
 }
+
+// FuzzForGateway: whatever the request line, the cheap router agrees with
+// net/http's parser: a line it sends to the gateway is never a CONNECT and
+// names no host but the gateway's.
+func FuzzForGateway(f *testing.F) {
+	for _, l := range []string{"POST http://model-gateway.invalid/v1/messages?beta=true HTTP/1.1", "GET / HTTP/1.1",
+		"CONNECT example.com:443 HTTP/1.1", "GET http://model-gateway.invalid.evil/ HTTP/1.1", "GET http://MODEL-GATEWAY.invalid:80/ HTTP/1.1"} {
+		f.Add(l)
+	}
+	f.Fuzz(func(t *testing.T, line string) {
+		if !forGateway(line) || strings.ContainsAny(line, "\r\n") {
+			return
+		}
+		req, err := http.ReadRequest(bufio.NewReader(strings.NewReader(line + "\r\nHost: h\r\n\r\n")))
+		if err != nil {
+			return // net/http refuses it; the gateway's server will too
+		}
+		if req.Method == http.MethodConnect || req.URL.Host != "" && !IsGatewayHost(req.URL.Host) {
+			t.Fatalf("%q routed to the gateway: method %s host %q", line, req.Method, req.URL.Host)
+		}
+	})
+}
