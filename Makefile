@@ -34,10 +34,13 @@ fuzz-smoke:
 	GO=$(GO) .ci/fuzz 2s
 
 # Package micro-benchmarks, then the end-to-end engine figures (p50/p95
-# through MCP HTTP, with docker-run and fresh-interpreter baselines).
+# through MCP HTTP, with docker-run, fresh-interpreter and bare Jupyter
+# kernel baselines), then signed download/upload throughput (MB/s beside
+# http.FileServer).
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem -count=1 ./audit/ ./services/quota/ ./services/agent/ ./services/process/ ./services/rootfs/ ./middleware/...
-	$(GO) test -run '^$$' -bench BenchmarkEngine -benchtime 40x -count=1 ./tests/
+	$(GO) test -run '^$$' -bench 'BenchmarkEngine|BenchmarkNotebook' -benchtime 40x -count=1 ./tests/
+	$(GO) test -run '^$$' -bench BenchmarkSignedFiles -benchtime 8x -count=1 ./tests/
 
 # 100 agent tasks at once (the real Claude Code CLI against the fake model):
 # wall time, errors, broker RSS, memory per session; needs the agent runner.
@@ -53,7 +56,7 @@ runners:
 
 image: build
 	runners/base/build-base.sh
-	docker build -t sandbox-broker:$(VERSION) -t sandbox-broker:latest .
+	docker build --network none -t sandbox-broker:$(VERSION) -t sandbox-broker:latest .
 
 clean:
 	rm -rf bin

@@ -126,16 +126,30 @@ func readCheckpoints(path string, v note.Verifier) (cps []checkpoint, problem st
 
 // appendCheckpoint appends one signed note plus a blank separator line and
 // fsyncs, so a checkpoint never claims rows that are not yet durable: the
-// caller only writes checkpoints for committed rows.
+// caller only writes checkpoints for committed rows. A failed write (a
+// full disk writes part of the note) is cut off again, so the file never
+// holds half a note that the next one would be read as part of.
 func appendCheckpoint(path string, msg []byte) error {
 	_, statErr := os.Stat(path)
 	f, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)
 	if err != nil {
 		return fmt.Errorf("audit: open checkpoints: %w", err)
 	}
-	_, err = f.Write(append(bytes.Clone(msg), '\n'))
+	var size int64
+	st, err := f.Stat()
 	if err == nil {
-		err = f.Sync()
+		size = st.Size()
+		_, err = f.Write(append(bytes.Clone(msg), '\n'))
+		if err == nil {
+			err = f.Sync()
+		}
+		if err != nil {
+			// Shrinking needs no space; if even this fails, the next
+			// open reports the file as malformed rather than guessing.
+			if terr := f.Truncate(size); terr == nil {
+				_ = f.Sync()
+			}
+		}
 	}
 	if cerr := f.Close(); err == nil {
 		err = cerr

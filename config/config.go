@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/url"
 	"reflect"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -26,26 +27,27 @@ func (s Secret) Reveal() string               { return string(s) }
 func (s Secret) MarshalText() ([]byte, error) { return []byte("[REDACTED]"), nil }
 
 // Config is everything `serve` needs. The env tag names the variable that
-// sets each field; flags, where they exist, override the environment.
+// sets each field; flags (the flag tag), where they exist, override the
+// environment.
 type Config struct {
-	Transport          string   `env:"MCP_TRANSPORT" validate:"oneof=stdio http"`
-	Addr               string   `env:"MCP_HTTP_ADDR" validate:"listen_addr"`
+	Transport          string   `env:"MCP_TRANSPORT" flag:"transport" validate:"oneof=stdio http"`
+	Addr               string   `env:"MCP_HTTP_ADDR" flag:"addr" validate:"listen_addr"`
 	APIToken           Secret   `env:"MCP_API_TOKEN" validate:"omitempty,min=16,max=512,printascii"`
 	APIPrincipal       string   `env:"MCP_API_PRINCIPAL" validate:"principal"`
 	APITier            string   `env:"MCP_API_TIER" validate:"oneof=free pro"`
 	TokensFile         string   `env:"MCP_TOKENS_FILE" validate:"omitempty,filepath"`
-	Root               string   `env:"SANDBOX_ROOT" validate:"required"`
+	Root               string   `env:"SANDBOX_ROOT" flag:"root" validate:"required"`
 	FileSecret         Secret   `env:"FILE_SECRET" validate:"omitempty,min=32,max=512"`
 	PublicBaseURL      string   `env:"PUBLIC_BASE_URL" validate:"omitempty,http_url"`
 	RateLimitPerMinute int      `env:"RATE_LIMIT_PER_MINUTE" validate:"min=0,max=100000"`
-	LogLevel           string   `env:"LOG_LEVEL" validate:"oneof=trace debug info warn error"`
+	LogLevel           string   `env:"LOG_LEVEL" flag:"log-level" validate:"oneof=trace debug info warn error"`
 	LogFile            string   `env:"LOG_FILE" validate:"omitempty,filepath"`
 	AuditHMACKey       Secret   `env:"AUDIT_HMAC_KEY" validate:"omitempty,min=32,max=512"`
 	AuditHMACKeyFile   string   `env:"AUDIT_HMAC_KEY_FILE" validate:"omitempty,filepath"`
 	AllowedHosts       []string `env:"MCP_ALLOWED_HOSTS" validate:"dive,hostname_rfc1123|ip"`
 	AllowedOrigins     []string `env:"MCP_ALLOWED_ORIGINS" validate:"dive,http_url"`
-	Toolsets           []string `env:"MCP_TOOLSETS" validate:"dive,toolset"`
-	ReadOnly           bool     `env:"MCP_READ_ONLY"`
+	Toolsets           []string `env:"MCP_TOOLSETS" flag:"toolsets" validate:"dive,toolset"`
+	ReadOnly           bool     `env:"MCP_READ_ONLY" flag:"read-only"`
 	MaxRequestBytes    int      `env:"MCP_MAX_REQUEST_BYTES" validate:"min=4096,max=268435456"`
 	// HTTP connection limits (services/connguard) and the body deadline.
 	MaxConns      int `env:"MCP_MAX_CONNS" validate:"min=16,max=1000000"`
@@ -68,6 +70,11 @@ type Config struct {
 	MaxWorkspaceMB int64  `env:"SANDBOX_MAX_WORKSPACE_MB" validate:"min=1,max=1048576"`
 	FileURLTTLS    int64  `env:"FILE_URL_TTL_S" validate:"min=60,max=86400"`
 	FileSecretPrev Secret `env:"FILE_SECRET_PREVIOUS" validate:"omitempty,min=32,max=512"`
+	// Signed links: the largest file one serves or accepts (0: the
+	// workspace quota), and the slowest average rate an upload may keep
+	// after MCP_BODY_TIMEOUT_S.
+	FileURLMaxMB      int64 `env:"FILE_URL_MAX_MB" validate:"min=0,max=1048576"`
+	FileUploadMinKBps int64 `env:"FILE_UPLOAD_MIN_KBPS" validate:"min=1,max=1048576"`
 	// Jobs (execute_code and friends).
 	MaxConcurrent  int   `env:"SANDBOX_MAX_CONCURRENT" validate:"min=1,max=1000"`
 	MaxPerSession  int   `env:"SANDBOX_MAX_PER_SESSION" validate:"min=1,max=100,ltefield=MaxConcurrent"`
@@ -102,8 +109,8 @@ type Config struct {
 	AnthropicAPIKey   Secret   `env:"ANTHROPIC_API_KEY" validate:"omitempty,min=8,max=512,printascii"`
 	AnthropicAPIURL   string   `env:"ANTHROPIC_API_URL" validate:"http_url,max=512"`
 	AgentKeysFile     string   `env:"AGENT_KEYS_FILE" validate:"omitempty,filepath"`
-	AgentModels       []string `env:"AGENT_MODELS" validate:"min=1,max=16,dive,min=1,max=64,printascii,excludesall= "`
-	AgentSmallModel   string   `env:"AGENT_SMALL_MODEL" validate:"min=1,max=64,printascii"`
+	AgentModels       []string `env:"AGENT_MODELS" validate:"dive,model_name"`
+	AgentSmallModel   string   `env:"AGENT_SMALL_MODEL" validate:"model_name"`
 	AgentTimeoutS     int      `env:"AGENT_TIMEOUT_S" validate:"min=1,max=3600"`
 	AgentMaxTurns     int      `env:"AGENT_MAX_TURNS" validate:"min=1,max=1000"`
 	AgentMemoryMB     int64    `env:"AGENT_MEMORY_MB" validate:"min=256,max=65536"`
@@ -170,6 +177,7 @@ func Defaults() Config {
 		AgentMemoryMB:     4096,
 		AgentCPUsMilli:    2000,
 		AgentMaxRequestMB: 8,
+		FileUploadMinKBps: 64,
 
 		OAuthPrincipalClaim: "sub",
 		OAuthDefaultTier:    "free",
@@ -243,19 +251,34 @@ func Load(args []string, getenv func(string) string) (Config, error) {
 	}
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	fs.SetOutput(discard{})
-	fs.StringVar(&c.Transport, "transport", c.Transport, "stdio or http (MCP_TRANSPORT)")
-	fs.StringVar(&c.Addr, "addr", c.Addr, "HTTP listen address (MCP_HTTP_ADDR)")
-	fs.StringVar(&c.Root, "root", c.Root, "state and workspaces (SANDBOX_ROOT)")
-	fs.StringVar(&c.LogLevel, "log-level", c.LogLevel, "log level (LOG_LEVEL)")
-	fs.BoolVar(&c.ReadOnly, "read-only", c.ReadOnly, "register read-only tools only (MCP_READ_ONLY)")
-	toolsets := fs.String("toolsets", strings.Join(c.Toolsets, ","), "comma-separated toolsets (MCP_TOOLSETS)")
+	var names []string
+	lists := map[*[]string]*string{} // comma-separated, split after parsing
+	v := reflect.ValueOf(&c).Elem()
+	for i := 0; i < v.NumField(); i++ {
+		f := v.Type().Field(i)
+		name := f.Tag.Get("flag")
+		if name == "" {
+			continue
+		}
+		names = append(names, "--"+name)
+		switch p := v.Field(i).Addr().Interface().(type) {
+		case *string:
+			fs.StringVar(p, name, *p, f.Tag.Get("env"))
+		case *bool:
+			fs.BoolVar(p, name, *p, f.Tag.Get("env"))
+		case *[]string:
+			lists[p] = fs.String(name, strings.Join(*p, ","), f.Tag.Get("env"))
+		}
+	}
 	if err := fs.Parse(args); err != nil {
-		return Config{}, fmt.Errorf("config: %w (flags: --transport, --addr, --root, --log-level, --toolsets, --read-only)", err)
+		return Config{}, fmt.Errorf("config: %w (flags: %s)", err, strings.Join(names, ", "))
 	}
 	if fs.NArg() > 0 {
-		return Config{}, fmt.Errorf("config: unexpected argument %q", fs.Arg(0))
+		return Config{}, fmt.Errorf("config: unexpected argument %q (flags: %s)", fs.Arg(0), strings.Join(names, ", "))
 	}
-	c.Toolsets = splitList(*toolsets)
+	for p, s := range lists {
+		*p = splitList(*s)
+	}
 	return c, Validate(c)
 }
 
@@ -279,13 +302,14 @@ func applyEnv(c *Config, getenv func(string) string) error {
 		case reflect.Int, reflect.Int64:
 			n, err := strconv.ParseInt(strings.TrimSpace(raw), 10, 64)
 			if err != nil {
-				return fmt.Errorf("config: %s must be an integer", name)
+				return fmt.Errorf("config: %s=%q is invalid: must be an integer (accepted: %s)", name, raw,
+					acceptedRange(tagsOf(t.Field(i).Tag.Get("validate")), f.Type()))
 			}
 			f.SetInt(n)
 		case reflect.Bool:
 			b, err := strconv.ParseBool(strings.TrimSpace(raw))
 			if err != nil {
-				return fmt.Errorf("config: %s must be true or false", name)
+				return fmt.Errorf("config: %s=%q is invalid: must be true or false", name, raw)
 			}
 			f.SetBool(b)
 		case reflect.Slice:
@@ -333,6 +357,9 @@ func newValidator() *validator.Validate {
 		}
 		return host == "" || net.ParseIP(host) != nil || v.Var(host, "hostname_rfc1123") == nil
 	})
+	_ = v.RegisterValidation("model_name", func(fl validator.FieldLevel) bool {
+		return modelName.MatchString(fl.Field().String())
+	})
 	_ = v.RegisterValidation("toolset", func(fl validator.FieldLevel) bool {
 		return KnownToolsets[fl.Field().String()]
 	})
@@ -345,18 +372,7 @@ func Validate(c Config) error {
 	err := validate.Struct(c)
 	var verrs validator.ValidationErrors
 	if errors.As(err, &verrs) && len(verrs) > 0 {
-		fe := verrs[0]
-		field, _ := reflect.TypeOf(c).FieldByName(fieldName(fe.StructNamespace()))
-		name := field.Tag.Get("env")
-		if field.Type == reflect.TypeOf(Secret("")) {
-			return fmt.Errorf("config: %s is invalid (rule %q); its value is not shown", name, fe.Tag())
-		}
-		shown := fmt.Sprint(fe.Value())
-		if strings.Contains(field.Tag.Get("validate"), "http_url") && strings.ContainsAny(shown, "@?#") {
-			// User info or a query may hold a credential.
-			return fmt.Errorf("config: %s is invalid (rule %q); its value is not shown", name, fe.Tag())
-		}
-		return fmt.Errorf("config: %s=%q is invalid (rule %q%s)", name, shown, fe.Tag(), param(fe.Param()))
+		return fieldMessage(c, verrs[0])
 	}
 	if err != nil {
 		return fmt.Errorf("config: %w", err)
@@ -424,11 +440,20 @@ func validateAgent(c Config) error {
 		!(u.Scheme == "https" || u.Scheme == "http" && isLoopbackHost(u.Hostname())) {
 		return errors.New("config: ANTHROPIC_API_URL must be an https URL (http only on loopback) without user info, query or fragment; its value is not shown")
 	}
+	if len(c.AgentModels) > maxAgentModels {
+		return fmt.Errorf("config: AGENT_MODELS lists %d models; at most %d are accepted", len(c.AgentModels), maxAgentModels)
+	}
 	if !slices.Contains(c.AgentModels, c.AgentSmallModel) {
 		return fmt.Errorf("config: AGENT_SMALL_MODEL=%q must be one of AGENT_MODELS", c.AgentSmallModel)
 	}
 	return nil
 }
+
+// maxAgentModels bounds AGENT_MODELS.
+const maxAgentModels = 16
+
+// modelName is what a model name in AGENT_MODELS may look like.
+var modelName = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._:@-]{0,63}$`)
 
 func isLoopbackHost(h string) bool {
 	if strings.EqualFold(h, "localhost") {

@@ -30,10 +30,96 @@ type ArgSpec struct {
 	decode   func(raw []byte) (any, error)
 	schema   json.RawMessage
 	summary  func(v any) map[string]any
+	typ      reflect.Type
+	strict   func(raw []byte) (any, error) // decode without rules
+	rules    []Rule
+}
+
+// Rule adds validator rules to one top-level argument field, for limits
+// known only at start-up (SANDBOX_MAX_TIMEOUT, say). The validator and the
+// published schema both apply it, so they cannot disagree.
+type Rule struct {
+	Field string // the field's JSON name
+	Tag   string // validator rules, e.g. "max=600"
 }
 
 // Schema is the JSON schema published in tools/list.
 func (s ArgSpec) Schema() json.RawMessage { return s.schema }
+
+// Validate decodes and checks raw arguments as the chain does (the size
+// cap aside), for tests that hold the schema to the validator.
+func (s ArgSpec) Validate(raw []byte) error {
+	_, err := s.decode(raw)
+	return err
+}
+
+// WithRules returns the spec with rules added to fields, in both the
+// validator and the schema. A rule naming no field is a programming error.
+func (s ArgSpec) WithRules(rules ...Rule) ArgSpec {
+	fields := jsonFields(s.typ)
+	for _, r := range rules {
+		if _, ok := fields[r.Field]; !ok {
+			panic("middleware: rule for unknown field " + r.Field + " of " + s.typ.String())
+		}
+	}
+	s.rules = append(append([]Rule{}, s.rules...), rules...)
+	s.schema = schemaFor(s.typ, s.rules...)
+	strict, rs := s.strict, s.rules
+	s.decode = func(raw []byte) (any, error) {
+		v, err := strict(raw)
+		if err != nil {
+			return nil, err
+		}
+		return v, checkRules(v, rs)
+	}
+	return s
+}
+
+// checkRules applies extra rules to the decoded struct *T.
+func checkRules(v any, rules []Rule) error {
+	rv := reflect.ValueOf(v).Elem()
+	for _, r := range rules {
+		fv, ok := fieldByJSONName(rv, r.Field)
+		if !ok {
+			continue
+		}
+		if err := validate.Var(fv.Interface(), r.Tag); err != nil {
+			var verrs validator.ValidationErrors
+			if errors.As(err, &verrs) && len(verrs) > 0 {
+				return fieldError(r.Field, verrs[0])
+			}
+			return brokererr.New(brokererr.InvalidInput, "field %q is invalid", r.Field)
+		}
+	}
+	return nil
+}
+
+// fieldByJSONName finds a field by its JSON name, through untagged
+// embedded structs as encoding/json does.
+func fieldByJSONName(rv reflect.Value, name string) (reflect.Value, bool) {
+	rt := rv.Type()
+	for i := 0; i < rt.NumField(); i++ {
+		f := rt.Field(i)
+		tag, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+		if isEmbedded(f) {
+			if v, ok := fieldByJSONName(rv.Field(i), name); ok {
+				return v, true
+			}
+			continue
+		}
+		if tag == name && f.IsExported() {
+			return rv.Field(i), true
+		}
+	}
+	return reflect.Value{}, false
+}
+
+// isEmbedded reports an untagged embedded struct, whose fields encoding/json
+// promotes to the outer object. Argument structs embed exported types only:
+// reflection cannot read values through an unexported one.
+func isEmbedded(f reflect.StructField) bool {
+	return f.Anonymous && f.IsExported() && f.Tag.Get("json") == "" && f.Type.Kind() == reflect.Struct
+}
 
 // Args builds the spec for argument struct T. T's fields use `json` names,
 // `validate` rules (validator/v10 plus the custom rules below), `desc` for
@@ -46,11 +132,14 @@ func Args[T any](maxBytes int) ArgSpec {
 	if reflect.TypeOf(zero).Kind() != reflect.Struct {
 		panic("middleware.Args: T must be a struct")
 	}
+	strict := func(raw []byte) (any, error) { return decodeStrict[T](raw) }
 	return ArgSpec{
 		MaxBytes: maxBytes,
-		decode:   func(raw []byte) (any, error) { return decodeStrict[T](raw) },
+		decode:   strict,
+		strict:   strict,
 		schema:   schemaFor(reflect.TypeOf(zero)),
 		summary:  summarize,
+		typ:      reflect.TypeOf(zero),
 	}
 }
 
@@ -275,6 +364,11 @@ func validationError(err error) error {
 	if i := strings.IndexByte(field, '.'); i >= 0 {
 		field = field[i+1:]
 	}
+	return fieldError(field, fe)
+}
+
+// fieldError says which rule field broke, in the model's terms.
+func fieldError(field string, fe validator.FieldError) error {
 	var why string
 	switch fe.Tag() {
 	case "required":
@@ -342,6 +436,12 @@ func summarize(v any) map[string]any {
 	rt := rv.Type()
 	for i := 0; i < rt.NumField(); i++ {
 		f := rt.Field(i)
+		if isEmbedded(f) {
+			for k, v := range summarize(rv.Field(i).Addr().Interface()) {
+				out[k] = v
+			}
+			continue
+		}
 		name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
 		if name == "" || name == "-" || !f.IsExported() {
 			continue

@@ -44,7 +44,7 @@ func TestSchemaFromTags(t *testing.T) {
 	  "properties": {
 	    "code": {"maxLength": 1000, "minLength": 1, "type": "string"},
 	    "env": {"additionalProperties": {"maxLength": 100, "type": "string"}, "maxProperties": 8, "type": "object"},
-	    "files": {"items": {"maxLength": 64, "type": "string"}, "maxItems": 5, "type": "array"},
+	    "files": {"items": {"maxLength": 64, "minLength": 1, "type": "string"}, "maxItems": 5, "type": "array"},
 	    "inner": {"additionalProperties": false, "properties": {
 	        "name": {"pattern": "^[A-Za-z0-9_-]{1,50}$", "type": "string"},
 	        "port": {"maximum": 65535, "minimum": 1, "type": "integer"}},
@@ -228,12 +228,12 @@ func FuzzDecodeArgs(f *testing.F) {
 	})
 }
 
-type embeddedBase struct {
+type EmbeddedBase struct {
 	Session string `json:"session_id" validate:"required"`
 }
 
 type embeddingArgs struct {
-	embeddedBase
+	EmbeddedBase
 	Items []schemaInner `json:"items" validate:"dive"`
 }
 
@@ -251,4 +251,41 @@ func TestExactKeysFollowEmbeddingAndSlices(t *testing.T) {
 			t.Errorf("%s: %v, want %q", in, err, want)
 		}
 	}
+}
+
+// A rule known only at start-up tightens the validator and the schema alike.
+func TestWithRulesReachSchemaAndValidator(t *testing.T) {
+	spec := Args[embeddingArgs](0).WithRules(Rule{Field: "session_id", Tag: "max=4"})
+	var s struct {
+		Properties map[string]map[string]any `json:"properties"`
+		Required   []string                  `json:"required"`
+	}
+	if err := json.Unmarshal(spec.Schema(), &s); err != nil {
+		t.Fatal(err)
+	}
+	if s.Properties["session_id"]["maxLength"] != float64(4) || s.Properties["items"] == nil ||
+		strings.Join(s.Required, ",") != "session_id" {
+		t.Fatalf("schema %s", spec.Schema())
+	}
+	if err := spec.Validate([]byte(`{"session_id":"abcd","items":[]}`)); err != nil {
+		t.Fatalf("at the bound: %v", err)
+	}
+	err := spec.Validate([]byte(`{"session_id":"abcde","items":[]}`))
+	if e := brokererr.As(err); e == nil || e.Message != `field "session_id" must be at most 4 characters` {
+		t.Fatalf("past the bound: %v", err)
+	}
+	// Embedded fields are audited like the outer ones.
+	v, err := decodeStrict[embeddingArgs]([]byte(`{"session_id":"abcd","items":[]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sum := summarize(v); sum["session_id"] == nil {
+		t.Fatalf("summary %v lacks the embedded field", sum)
+	}
+	defer func() {
+		if recover() == nil {
+			t.Error("a rule for an unknown field did not panic")
+		}
+	}()
+	Args[embeddingArgs](0).WithRules(Rule{Field: "nope", Tag: "max=1"})
 }

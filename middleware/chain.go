@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"runtime/debug"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/mark3labs/mcp-go/mcp"
@@ -173,7 +174,7 @@ func (d Deps) observe(next server.ToolHandlerFunc) server.ToolHandlerFunc {
 		c := &call{id: newCallID(), tool: req.Params.Name, start: d.Now(), params: json.RawMessage(`{}`)}
 		ctx = context.WithValue(ctx, callKey{}, c)
 		res, err := next(ctx, req)
-		dur := d.Now().Sub(c.start)
+		dur := d.since(c.start)
 		outcome := classify(res, err, c.audited)
 		code := brokererr.CodeOf(err)
 		if !c.audited {
@@ -193,6 +194,13 @@ func (d Deps) observe(next server.ToolHandlerFunc) server.ToolHandlerFunc {
 		ev.Msg("tool_call")
 		return res, err
 	}
+}
+
+// since is the time from start, never negative: with an injected clock
+// that steps back, a negative duration would cost the call its outcome row.
+// (time.Now's monotonic reading never steps back.)
+func (d Deps) since(start time.Time) time.Duration {
+	return max(0, d.Now().Sub(start))
 }
 
 // internalCause is the server-side reason behind an error, for the log only.
@@ -344,7 +352,7 @@ func (d Deps) allowCall(ctx context.Context, tool string) error {
 	p, _ := identity.FromContext(ctx)
 	dec, err := d.Limiter.AllowCall(ctx, p.ID, d.Limits(p))
 	if err != nil {
-		return brokererr.Wrap(err, brokererr.Unavailable, "rate limiter unavailable; try again")
+		return unavailable(err, "rate limiter unavailable; try again")
 	}
 	if !dec.Allowed {
 		d.Metrics.rateLimited.WithLabelValues(tool).Inc()
@@ -363,13 +371,13 @@ func (d Deps) audit(next server.ToolHandlerFunc) server.ToolHandlerFunc {
 		if _, aerr := d.Audit.Append(ctx, intent); aerr != nil {
 			d.Metrics.auditFailures.Inc()
 			d.Log.Error().Str("call_id", c.id).Str("tool", c.tool).Msg("audit_intent_failed")
-			return nil, brokererr.Wrap(aerr, brokererr.Unavailable, "the audit log is unavailable, so the call was refused")
+			return nil, unavailable(aerr, "the audit log is unavailable, so the call was refused")
 		}
 		c.audited = true
 		res, err = d.runHandler(ctx, next, req)
 		out := audit.Record{CallID: c.id, Phase: audit.PhaseOutcome, Principal: c.principal, Tool: c.tool,
 			Params: c.outcomeParams(), Outcome: classify(res, err, true), ErrorCode: string(brokererr.CodeOf(err)),
-			DurationMS: d.Now().Sub(c.start).Milliseconds()}
+			DurationMS: d.since(c.start).Milliseconds()}
 		// The outcome row uses a context that outlives a cancelled call.
 		actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 		defer cancel()
@@ -379,6 +387,21 @@ func (d Deps) audit(next server.ToolHandlerFunc) server.ToolHandlerFunc {
 		}
 		return res, err
 	}
+}
+
+// sqliteFull is SQLite's SQLITE_FULL result code.
+const sqliteFull = 13
+
+// unavailable refuses a call because a store it must write failed. A full
+// disk is named as such: nothing runs until space is freed, and retrying
+// then succeeds.
+func unavailable(err error, msg string) error {
+	var coded interface{ Code() int }
+	if errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT) ||
+		(errors.As(err, &coded) && coded.Code()&0xff == sqliteFull) {
+		msg = "the broker's storage is full, so the call was refused"
+	}
+	return brokererr.Wrap(err, brokererr.Unavailable, "%s", msg)
 }
 
 // runHandler converts a handler panic into an internal error, so the outcome

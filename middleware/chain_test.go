@@ -410,6 +410,32 @@ func TestChainHappyPathAudit(t *testing.T) {
 	}
 }
 
+// TestChainClockSteppedBack: a clock stepped back during a call still
+// yields its outcome row (a duration cannot be negative, so it is 0
+// rather than a row the log refuses), and later calls pass the rate
+// limiter and are audited as usual.
+func TestChainClockSteppedBack(t *testing.T) {
+	hx := newHarness(t, harnessOpts{})
+	hx.body = func(context.Context, *chainArgs) (*mcp.CallToolResult, error) {
+		hx.clock.Add(-time.Hour)
+		return mcp.NewToolResultText("done"), nil
+	}
+	for i := range 3 {
+		if res := hx.call(alice(), `{"path":"a"}`); res.IsError {
+			t.Fatalf("call %d: %v", i, res.StructuredContent)
+		}
+	}
+	rows := hx.rows()
+	if len(rows) != 6 {
+		t.Fatalf("%d audit rows for 3 calls, want 6", len(rows))
+	}
+	for _, r := range rows {
+		if r.Phase == audit.PhaseOutcome && (r.DurationMS != 0 || r.Outcome != audit.OutcomeSuccess) {
+			t.Fatalf("outcome row %+v", r)
+		}
+	}
+}
+
 func TestChainRateLimit(t *testing.T) {
 	hx := newHarness(t, harnessOpts{callsPerMinute: 2})
 	for i := 0; i < 2; i++ {

@@ -3,14 +3,27 @@ package middleware
 import (
 	"encoding/json"
 	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 )
 
 // schemaFor derives the published JSON schema from the same tags that the
 // validator enforces, so the two cannot drift apart.
-func schemaFor(t reflect.Type) json.RawMessage {
-	b, err := json.Marshal(objectSchema(t))
+// extra adds rules to top-level fields (see ArgSpec.WithRules).
+func schemaFor(t reflect.Type, extra ...Rule) json.RawMessage {
+	s := objectSchema(t)
+	props := s["properties"].(map[string]any)
+	ft := jsonFields(t)
+	for _, r := range extra {
+		rules := strings.Split(r.Tag, ",")
+		applyRules(props[r.Field].(map[string]any), ft[r.Field], rules)
+		if slices.Contains(rules, "required") {
+			req, _ := s["required"].([]string)
+			s["required"] = append(req, r.Field)
+		}
+	}
+	b, err := json.Marshal(s)
 	if err != nil {
 		panic("middleware: schema for " + t.String() + ": " + err.Error())
 	}
@@ -22,6 +35,16 @@ func objectSchema(t reflect.Type) map[string]any {
 	required := []string{}
 	for i := 0; i < t.NumField(); i++ {
 		f := t.Field(i)
+		if isEmbedded(f) {
+			inner := objectSchema(f.Type)
+			for k, v := range inner["properties"].(map[string]any) {
+				props[k] = v
+			}
+			if r, ok := inner["required"].([]string); ok {
+				required = append(required, r...)
+			}
+			continue
+		}
 		name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
 		if name == "" || name == "-" || !f.IsExported() {
 			continue
@@ -82,6 +105,7 @@ func applyRules(p map[string]any, t reflect.Type, rules []string) {
 	if t.Kind() == reflect.Pointer {
 		t = t.Elem()
 	}
+	defer requireNonEmpty(p, t, rules)
 	for i, r := range rules {
 		name, arg, _ := strings.Cut(r, "=")
 		switch name {
@@ -119,6 +143,20 @@ func applyRules(p map[string]any, t reflect.Type, rules []string) {
 				p["pattern"] = re.String()
 			}
 		}
+	}
+}
+
+// requireNonEmpty: the validator's "required" refuses an empty string,
+// which the schema must say unless a pattern or enum already does.
+func requireNonEmpty(p map[string]any, t reflect.Type, rules []string) {
+	if i := slices.Index(rules, "dive"); i >= 0 {
+		rules = rules[:i]
+	}
+	_, hasMin := p["minLength"]
+	_, hasPattern := p["pattern"]
+	_, hasEnum := p["enum"]
+	if t.Kind() == reflect.String && slices.Contains(rules, "required") && !hasMin && !hasPattern && !hasEnum {
+		p["minLength"] = 1
 	}
 }
 

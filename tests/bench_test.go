@@ -1,10 +1,12 @@
 package tests
 
 import (
+	"bufio"
 	"encoding/json"
 	"fmt"
 	"os/exec"
 	"sort"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -194,3 +196,109 @@ func percentile(d []time.Duration, p int) time.Duration {
 }
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+// jupyterBaseline is the notebook benchmark's baseline: the same ipykernel
+// (same transport and options as the agent's) driven directly by
+// jupyter_client on the host, no broker or sandbox. Each line on stdin runs
+// print(1) and answers with the round trip's seconds, timed in-process.
+const jupyterBaseline = `import os, sys, time
+os.environ["PYDEVD_DISABLE_FILE_VALIDATION"] = "1"
+from jupyter_client.manager import KernelManager
+km = KernelManager(transport="ipc")
+km.start_kernel(extra_arguments=["--HistoryManager.enabled=False", "--InteractiveShell.colors=NoColor"])
+kc = km.client()
+kc.start_channels()
+kc.wait_for_ready(timeout=60)
+print("ready", flush=True)
+for _ in sys.stdin:
+    out = []
+    t = time.perf_counter()
+    kc.execute_interactive("print(1)", timeout=30, output_hook=lambda m: out.append(m["content"].get("text", "")))
+    d = time.perf_counter() - t
+    print("%.6f" % d if "".join(out) == "1\n" else "bad output %r" % out, flush=True)
+km.shutdown_kernel(now=True)
+`
+
+// BenchmarkNotebook measures a warm notebook cell (print(1)) through MCP
+// HTTP on both backends, interleaved with the bare Jupyter kernel round
+// trip of jupyterBaseline and a fresh print(1) in the same run.
+// Run: go test -run '^$' -bench BenchmarkNotebook -benchtime 40x ./tests/
+func BenchmarkNotebook(b *testing.B) {
+	requireDocker(b)
+	requireBwrap(b)
+	if err := exec.Command("/usr/bin/python3", "-c", "import ipykernel, jupyter_client").Run(); err != nil {
+		b.Fatalf("the baseline needs Debian's python3-ipykernel on the host: %v", err)
+	}
+	env := map[string]string{"SANDBOX_POOL_SIZE": "1", "RATE_LIMIT_PER_MINUTE": "100000"}
+	dc := StartHTTP(b, BrokerOpts{Token: testToken, Env: env}).Client(b, testToken)
+	env["SANDBOX_BACKEND"] = "process"
+	pc := StartHTTP(b, BrokerOpts{Token: testToken, Env: env}).Client(b, testToken)
+	cell := func(c *client.Client, session string) string {
+		args := map[string]any{"language": "python", "mode": "notebook", "code": "print(1)"}
+		if session != "" {
+			args["session_id"] = session
+		}
+		return benchRun(b, c, args)
+	}
+	dsess, psess := cell(dc, ""), cell(pc, "")
+
+	py := exec.Command("/usr/bin/python3", "-c", jupyterBaseline)
+	in, err := py.StdinPipe()
+	if err != nil {
+		b.Fatal(err)
+	}
+	outPipe, err := py.StdoutPipe()
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := py.Start(); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { in.Close(); _ = py.Wait() })
+	out := bufio.NewScanner(outPipe)
+	if !out.Scan() || out.Text() != "ready" {
+		b.Fatalf("baseline kernel: %q", out.Text())
+	}
+	cases := []struct {
+		name string
+		call func() time.Duration
+	}{
+		{"notebook_warm_print1", func() time.Duration { return timed(func() { cell(dc, dsess) }) }},
+		{"process_notebook_warm_print1", func() time.Duration { return timed(func() { cell(pc, psess) }) }},
+		{"fresh_warm_print1", func() time.Duration { // the broker's per-call path, for reference
+			return timed(func() { benchRun(b, dc, map[string]any{"session_id": dsess, "language": "python", "code": "print(1)"}) })
+		}},
+		{"baseline_jupyter_kernel_print1", func() time.Duration {
+			if _, err := in.Write([]byte("\n")); err != nil || !out.Scan() {
+				b.Fatalf("baseline kernel: %v", err)
+			}
+			s, err := strconv.ParseFloat(out.Text(), 64)
+			if err != nil {
+				b.Fatalf("baseline kernel: %q", out.Text())
+			}
+			return time.Duration(s * float64(time.Second))
+		}},
+	}
+	b.Run("print1", func(b *testing.B) {
+		lat := make([][]time.Duration, len(cases))
+		for i := 0; i < b.N; i++ { // interleaved: the machine's noise hits every case alike
+			for j, cs := range cases {
+				lat[j] = append(lat[j], cs.call())
+			}
+		}
+		p50 := map[string]time.Duration{}
+		for j, cs := range cases {
+			p50[cs.name] = percentile(lat[j], 50)
+			b.ReportMetric(ms(p50[cs.name]), cs.name+"-p50-ms")
+			b.ReportMetric(ms(percentile(lat[j], 95)), cs.name+"-p95-ms")
+		}
+		b.ReportMetric(0, "ns/op")
+		if b.N > 1 {
+			base := p50["baseline_jupyter_kernel_print1"]
+			fmt.Printf("summary: notebook warm print(1) p50 docker %.1f ms (%.2fx), process %.1f ms (%.2fx) vs a bare Jupyter kernel round trip %.1f ms; fresh print(1) in the same Docker session %.1f ms\n",
+				ms(p50["notebook_warm_print1"]), float64(p50["notebook_warm_print1"])/float64(base),
+				ms(p50["process_notebook_warm_print1"]), float64(p50["process_notebook_warm_print1"])/float64(base), ms(base),
+				ms(p50["fresh_warm_print1"]))
+		}
+	})
+}

@@ -28,8 +28,8 @@ func TestClientCLIs(t *testing.T) {
 	b := startOAuthBroker(t, operator, map[string]string{"SANDBOX_BACKEND": "none"})
 	stdioRoot := brokerRoot(t)
 	withRootOverlay(t, stdioRoot, nil) // the stdio brokers mount it: unmounted at cleanup
-	home := t.TempDir() // Claude Code keeps its server list under HOME,
-	work := t.TempDir() // per project directory
+	home := t.TempDir()                // Claude Code keeps its server list under HOME,
+	work := t.TempDir()                // per project directory
 
 	run := func(name string, args ...string) string {
 		t.Helper()

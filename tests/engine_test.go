@@ -544,7 +544,10 @@ func testWorkspaceQuotaEnforced(t *testing.T, rt string) {
 	}
 	for name, code := range cases {
 		res := callTool(t, c, "run_code", map[string]any{"session_id": r.SessionID, "language": "python", "code": code, "timeout_s": 30})
-		mustToolError(t, res, "QUOTA_EXCEEDED")
+		// Retrying the same run would fill the workspace again.
+		if e := mustToolError(t, res, "QUOTA_EXCEEDED"); e.Retryable {
+			t.Errorf("%s: a full workspace is reported retryable", name)
+		}
 		var list struct {
 			Files []struct{ Name string } `json:"files"`
 		}

@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -25,6 +26,17 @@ func githubBroker(t *testing.T, token string, extra map[string]string) (*Broker,
 // githubBrokerWith is githubBroker with prep run on the fake first.
 func githubBrokerWith(t *testing.T, token string, extra map[string]string, prep func(*ghfake.Fake)) (*Broker, *ghfake.Fake) {
 	t.Helper()
+	env, fake := githubEnv(t, token, prep)
+	for k, v := range extra {
+		env[k] = v
+	}
+	return StartHTTP(t, BrokerOpts{Token: testToken, Env: env}), fake
+}
+
+// githubEnv is githubBroker's fake GitHub (prep, if set, run on it first)
+// and broker environment.
+func githubEnv(t *testing.T, token string, prep func(*ghfake.Fake)) (map[string]string, *ghfake.Fake) {
+	t.Helper()
 	fake := ghfake.New()
 	t.Cleanup(fake.Close)
 	fake.AddRepo("acme", "site")
@@ -40,10 +52,57 @@ func githubBrokerWith(t *testing.T, token string, extra map[string]string, prep 
 		t.Fatal(err)
 	}
 	env := map[string]string{"GITHUB_REPOS_FILE": file, "GITHUB_API_URL": fake.URL(), "SITE_GITHUB_TOKEN": token, "SANDBOX_BACKEND": "none"}
-	for k, v := range extra {
-		env[k] = v
+	return env, fake
+}
+
+// A commit that lands when its pull request cannot be opened is reported
+// as done, with pr_error saying why, and a
+// retry with the same files only opens the PR (issue 9: a tool never
+// reports failure for work it has already done).
+func TestGitHubCommitStandsWhenThePullRequestFails(t *testing.T) {
+	b, fake := githubBrokerWith(t, fineGrainedPAT, nil, func(f *ghfake.Fake) {
+		var once sync.Once
+		f.OnRequest(func(method, path string) {
+			if method == "POST" && strings.HasSuffix(path, "/pulls") {
+				once.Do(func() { f.FailNext(1, 422) })
+			}
+		})
+	})
+	c := b.Client(t, testToken)
+	args := map[string]any{"repo_id": "site", "branch": "sandbox/pr-fails", "commit_message": "Add page", "create_pr": true,
+		"files": map[string]string{"index.html": "<h1>hi</h1>"}}
+	res := callTool(t, c, "commit_and_push_to_github", args)
+	if res.IsError {
+		t.Fatalf("a commit that landed was reported as failed: %+v", res.Content)
 	}
-	return StartHTTP(t, BrokerOpts{Token: testToken, Env: env}), fake
+	var out struct {
+		Success   bool   `json:"success"`
+		CommitSHA string `json:"commit_sha"`
+		PRURL     string `json:"pr_url"`
+		PRError   *struct {
+			Error     string `json:"error"`
+			Message   string `json:"message"`
+			Retryable bool   `json:"retryable"`
+		} `json:"pr_error"`
+	}
+	resultJSON(t, res, &out)
+	head, ok := fake.Head("acme", "site", "sandbox/pr-fails")
+	if !out.Success || !ok || out.CommitSHA != head || out.PRURL != "" || out.PRError == nil || out.PRError.Error == "" {
+		t.Fatalf("result %+v, branch head %s", out, head)
+	}
+	if n := len(fake.PullRequests("acme", "site")); n != 0 {
+		t.Fatalf("%d pull requests after the refusal", n)
+	}
+	// The retry opens the PR; the files are unchanged, so no new commit.
+	res = callTool(t, c, "commit_and_push_to_github", args)
+	out.PRError = nil
+	resultJSON(t, res, &out)
+	if res.IsError || out.PRURL == "" || out.PRError != nil {
+		t.Fatalf("retry: %+v", out)
+	}
+	if prs := fake.PullRequests("acme", "site"); len(prs) != 1 || prs[0].Head != "sandbox/pr-fails" {
+		t.Fatalf("PRs %+v", prs)
+	}
 }
 
 func TestGitHubCommitThreeFilesOneCommitOnePR(t *testing.T) {

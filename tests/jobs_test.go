@@ -158,6 +158,43 @@ func TestJobStreamsByCursor(t *testing.T) {
 	})
 }
 
+// A long-poll gathers output that arrives within its window: a job
+// printing ten lines at intervals is read in a few calls, not eleven.
+func TestJobOutputGatheredPerCall(t *testing.T) {
+	backends(t, nil, func(t *testing.T, backend string, b *Broker, c *client.Client) {
+		r := startAsync(t, c, map[string]any{"command": `for i in $(seq 1 10); do echo "line $i"; sleep 0.05; done`})
+		var since int64
+		var out strings.Builder
+		calls := 0
+		for {
+			calls++
+			var page execResult
+			resultJSON(t, callTool(t, c, "get_execution_output", map[string]any{"execution_id": r.ExecutionID, "since": since, "wait": true, "max_wait_s": 10}), &page)
+			for _, e := range page.Output {
+				if e.Seq != since+1 {
+					t.Fatalf("seq %d after %d", e.Seq, since)
+				}
+				since = e.Seq
+				if e.Type == "stdout" {
+					out.WriteString(e.Data)
+				}
+			}
+			if page.Status != "running" && !page.More {
+				break
+			}
+			if calls > 30 {
+				t.Fatal("the job did not end")
+			}
+		}
+		if strings.Count(out.String(), "line ") != 10 || !strings.HasSuffix(out.String(), "line 10\n") {
+			t.Fatalf("stdout %q", out.String())
+		}
+		if calls > 6 {
+			t.Fatalf("%d calls for 10 lines printed 50 ms apart: output was not gathered", calls)
+		}
+	})
+}
+
 func TestJobInteractiveStdinAndCancel(t *testing.T) {
 	backends(t, nil, func(t *testing.T, backend string, b *Broker, c *client.Client) {
 		r := startAsync(t, c, map[string]any{"command": `read -r name; echo "hello $name"; read -r n; echo "sum $((n + 1))"`, "interactive": true})
@@ -336,8 +373,78 @@ EOF`
 		resultJSON(t, callTool(t, c, "execute_code", map[string]any{"command": probe,
 			"sandbox_config": map[string]any{"network": map[string]any{"allowed_domains": []string{"*.example.org"}}}}), &r)
 		out := stdoutOf(r.Output)
-		if !strings.Contains(out, "proxy=set") || !strings.Contains(out, "http 403") || !strings.Contains(out, "blocked.example.net") {
+		if !strings.Contains(out, "proxy=set") || !strings.Contains(out, "http 403") || !strings.Contains(out, "blocked.example.net") ||
+			!strings.Contains(out, "(rule: allowed_domains [*.example.org])") {
 			t.Fatalf("allow-list: %q", out)
 		}
+	})
+}
+
+// An HTTPS client through the proxy sees only "Tunnel connection failed:
+// 403"; the tool result says which host was refused and by which rule,
+// in the output stream and in egress_denied, for execute_code,
+// get_execution_output and get_execution_status. The hosts are refused
+// before any DNS lookup, so no network is needed.
+func TestEgressDenialShown(t *testing.T) {
+	backends(t, nil, func(t *testing.T, backend string, b *Broker, c *client.Client) {
+		probe := `python3 - <<'EOF'
+import urllib.request
+for url in ["https://blocked.example.net/", "https://blocked.example.net/again", "https://bad.example.org/"]:
+    try:
+        urllib.request.urlopen(url, timeout=10)
+        print("fetched", url)
+    except Exception as e:
+        print("error", e)
+EOF`
+		type denial struct {
+			Host, Reason, Rule string
+			Port, Count        int
+		}
+		type withDenials struct {
+			execResult
+			EgressDenied []denial `json:"egress_denied"`
+			Hint         string   `json:"hint"`
+		}
+		var r withDenials
+		res := callTool(t, c, "execute_code", map[string]any{"command": probe, "sandbox_config": map[string]any{
+			"network": map[string]any{"allowed_domains": []string{"*.example.org"}, "denied_domains": []string{"bad.example.org"}}}})
+		if res.IsError {
+			t.Fatalf("execute_code: %+v", res.Content)
+		}
+		resultJSON(t, res, &r)
+		if out := stdoutOf(r.Output); !strings.Contains(out, "Tunnel connection failed: 403") || strings.Contains(out, "fetched") {
+			t.Fatalf("probe output %q", out)
+		}
+		want := []denial{
+			{Host: "blocked.example.net", Port: 443, Reason: "not_in_allowed_domains", Rule: "allowed_domains [*.example.org]", Count: 2},
+			{Host: "bad.example.org", Port: 443, Reason: "in_denied_domains", Rule: `denied_domains entry "bad.example.org"`, Count: 1},
+		}
+		check := func(what string, got []denial) {
+			t.Helper()
+			if len(got) != len(want) || got[0] != want[0] || got[1] != want[1] {
+				t.Fatalf("%s: egress_denied %+v, want %+v", what, got, want)
+			}
+		}
+		check("execute_code", r.EgressDenied)
+		if !strings.Contains(r.Hint, "egress_denied") {
+			t.Errorf("hint %q", r.Hint)
+		}
+		var logged []jobEvent
+		for _, e := range r.Output {
+			if e.Type == "egress_denied" {
+				logged = append(logged, e)
+			}
+		}
+		if len(logged) != 2 || !strings.Contains(logged[0].Message, "blocked.example.net:443") {
+			t.Fatalf("egress_denied events %+v", logged)
+		}
+		var page withDenials
+		resultJSON(t, callTool(t, c, "get_execution_output", map[string]any{"execution_id": r.ExecutionID}), &page)
+		check("get_execution_output", page.EgressDenied)
+		var status struct {
+			EgressDenied []denial `json:"egress_denied"`
+		}
+		resultJSON(t, callTool(t, c, "get_execution_status", map[string]any{"execution_id": r.ExecutionID}), &status)
+		check("get_execution_status", status.EgressDenied)
 	})
 }

@@ -21,11 +21,11 @@ func TestInvalidCallFloodIsRateLimited(t *testing.T) {
 	b := StartHTTP(t, BrokerOpts{Token: testToken, Env: map[string]string{"SANDBOX_BACKEND": "none", "RATE_LIMIT_PER_MINUTE": "5"}})
 	c := b.Client(t, testToken)
 	for i := range 5 {
-		if e := mustToolError(t, callTool(t, c, "run_code", map[string]any{"language": "python", "evil": i}), "INVALID_INPUT"); e.Retryable {
+		if e := mustToolError(t, callTool(t, c, "get_usage", map[string]any{"evil": i}), "INVALID_INPUT"); e.Retryable {
 			t.Fatalf("invalid input marked retryable: %+v", e)
 		}
 	}
-	e := mustToolError(t, callTool(t, c, "run_code", map[string]any{"language": "python", "evil": 5}), "RATE_LIMIT_EXCEEDED")
+	e := mustToolError(t, callTool(t, c, "get_usage", map[string]any{"evil": 5}), "RATE_LIMIT_EXCEEDED")
 	if !e.Retryable || e.RetryAfterS == nil || *e.RetryAfterS < 1 {
 		t.Fatalf("flood refusal: %+v", e)
 	}

@@ -264,7 +264,7 @@ func TestStdioProjectWithoutPreviewLinkStillCreated(t *testing.T) {
 		t.Fatalf("list_sandboxes: %+v", list)
 	}
 	// Asking for the link says what to configure, and that retrying will not help.
-	e := mustToolError(t, callTool(t, c, "get_sandbox_output", map[string]any{"sandbox_id": created.SandboxID, "output_type": "preview_url"}), "UNAVAILABLE")
+	e := mustToolError(t, callTool(t, c, "get_sandbox_output", map[string]any{"sandbox_id": created.SandboxID, "output_type": "preview_url"}), "NOT_CONFIGURED")
 	if e.Retryable || !strings.Contains(e.Message, "PREVIEW_ADDR=off") {
 		t.Fatalf("preview_url over stdio: %+v", e)
 	}

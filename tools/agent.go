@@ -70,7 +70,7 @@ const (
 
 func (t *Tasks) ready() error {
 	if t == nil || t.Gateway == nil || t.Jobs == nil || t.Jobs.Egress == nil {
-		return brokererr.New(brokererr.Unavailable, "agent tasks are not configured on this broker")
+		return brokererr.New(brokererr.NotConfigured, "agent tasks are not configured on this broker")
 	}
 	return t.Jobs.ready()
 }
@@ -162,7 +162,7 @@ func (t *Tasks) plan(ctx context.Context, p identity.Principal, a *ExecuteTaskAr
 	}
 	if a.RepoID != "" {
 		if t.GitHub == nil {
-			return pl, brokererr.New(brokererr.Unavailable, "GitHub is not configured on this broker")
+			return pl, brokererr.New(brokererr.NotConfigured, "GitHub is not configured on this broker")
 		}
 		if err := t.GitHub.CheckTarget(a.RepoID, a.Branch); err != nil {
 			return pl, err
@@ -259,10 +259,7 @@ func (t *Tasks) start(ctx context.Context, p identity.Principal, a *ExecuteTaskA
 		if err != nil {
 			return jobs.StartRequest{}, err
 		}
-		proxy, err := t.Jobs.Egress(p.ID, lease.WorkspaceID, pl.policy)
-		if err != nil {
-			return jobs.StartRequest{}, err
-		}
+		proxyFor := t.Jobs.egressBuilder(p, lease, pl.policy)
 		gw := t.Gateway.Handler(modelgw.Caller{Principal: p.ID, Limits: pl.limits, SessionID: lease.ID, ExecutionID: id,
 			OnRefused: func(e *brokererr.Error) {
 				if e.Code == brokererr.QuotaExceeded {
@@ -274,8 +271,16 @@ func (t *Tasks) start(ctx context.Context, p identity.Principal, a *ExecuteTaskA
 		sess, sessID := lease.Session, lease.ID
 		return jobs.StartRequest{
 			ID: id,
-			Spec: sandbox.JobSpec{Command: command, Language: agent.LangAgent, Env: env, Timeout: pl.timeout,
-				Egress: func(ln net.Listener) { modelgw.Serve(ln, gw, proxy) }},
+			Spec: sandbox.JobSpec{Command: command, Language: agent.LangAgent, Env: env, Timeout: pl.timeout},
+			// Always a network path: the gateway, beside the session's
+			// egress proxy with the task's policy (none by default).
+			Egress: func(deny func(jobs.EgressDenial)) (func(net.Listener), error) {
+				proxy, err := proxyFor(deny)
+				if err != nil {
+					return nil, err
+				}
+				return func(ln net.Listener) { modelgw.Serve(ln, gw, proxy) }, nil
+			},
 			Network: "model-gateway+" + pl.policy.String(),
 			Stdout:  reader.Feed,
 			Final: func(x sandbox.JobExit, cancelled bool) []jobs.Event {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/base64"
+	"time"
 	"unicode/utf8"
 
 	"github.com/mark3labs/mcp-go/mcp"
@@ -38,9 +39,10 @@ type SessionFiles interface {
 const gitHubMaxArgBytes = 8 << 20
 
 // GitHubToolset groups the GitHub tools. m may be nil (the tools then
-// answer UNAVAILABLE), and so may sf (only commit_session_files needs it).
+// answer NOT_CONFIGURED, and the broker does not list them), and so may sf
+// (only commit_session_files needs it).
 func GitHubToolset(m GitHubCommitter, sf SessionFiles) *Toolset {
-	return NewToolset(ToolsetGitHub, "Commit to and read from the operator's allow-listed GitHub repositories").
+	return NewToolset(ToolsetGitHub, "Commit to and read from the operator's allow-listed GitHub repositories").Needs(ServiceGitHub).
 		AddReadTools(ReadGitHubFile(m)).
 		AddWriteTools(CommitAndPushToGitHub(m), CommitSessionFiles(m, sf))
 }
@@ -58,21 +60,41 @@ func gitHubAnnotations(title string, readOnly bool) mcp.ToolAnnotation {
 
 func gitHubReady(m GitHubCommitter) error {
 	if m == nil {
-		return brokererr.New(brokererr.Unavailable, "GitHub is not configured on this broker")
+		return brokererr.New(brokererr.NotConfigured, "GitHub is not configured on this broker")
 	}
 	return nil
 }
 
-// GitHubCommitResult is the commit tools' structured output.
+// GitHubCommitResult is the commit tools' structured output. PRError says
+// why a pull request that was asked for is missing; the commit stands.
 type GitHubCommitResult struct {
-	Success   bool   `json:"success"`
-	CommitSHA string `json:"commit_sha"`
-	Branch    string `json:"branch"`
-	PRURL     string `json:"pr_url,omitempty"`
+	Success   bool         `json:"success"`
+	CommitSHA string       `json:"commit_sha"`
+	Branch    string       `json:"branch"`
+	PRURL     string       `json:"pr_url,omitempty"`
+	PRError   *ErrorDetail `json:"pr_error,omitempty"`
+}
+
+// ErrorDetail is a structured error inside a successful result: the same
+// fields as a failed call's body.
+type ErrorDetail struct {
+	Error       string `json:"error"`
+	Message     string `json:"message"`
+	Retryable   bool   `json:"retryable"`
+	RetryAfterS int64  `json:"retry_after_s,omitempty"`
+}
+
+func errorDetail(e *brokererr.Error) *ErrorDetail {
+	if e == nil {
+		return nil
+	}
+	return &ErrorDetail{Error: string(e.Code), Message: e.Message, Retryable: e.Retryable,
+		RetryAfterS: int64((e.RetryAfter + time.Second - 1) / time.Second)}
 }
 
 func commitResult(res ghsvc.CommitResult) (*mcp.CallToolResult, error) {
-	return jsonResult(GitHubCommitResult{Success: true, CommitSHA: res.CommitSHA, Branch: res.Branch, PRURL: res.PRURL})
+	return jsonResult(GitHubCommitResult{Success: true, CommitSHA: res.CommitSHA, Branch: res.Branch, PRURL: res.PRURL,
+		PRError: errorDetail(res.PRError)})
 }
 
 // CommitAndPushArgs are commit_and_push_to_github's arguments.
@@ -119,9 +141,10 @@ type CommitSessionFilesArgs struct {
 }
 
 // CommitSessionFiles commits files a sandbox session produced. The broker
-// reads them itself; nothing in the sandbox sees the token.
+// reads them itself; nothing in the sandbox sees the token. Without a
+// sandbox backend there are no sessions, and the tool is not listed.
 func CommitSessionFiles(m GitHubCommitter, sf SessionFiles) ServerTool {
-	return newTool("commit_session_files",
+	t := newTool("commit_session_files",
 		"Commit files from your sandbox session's workspace to a work branch of an allow-listed GitHub repository as one atomic commit, optionally opening a pull request.",
 		0, gitHubAnnotations("Commit session files to GitHub", false),
 		func(ctx context.Context, p identity.Principal, a *CommitSessionFilesArgs) (*mcp.CallToolResult, error) {
@@ -129,7 +152,7 @@ func CommitSessionFiles(m GitHubCommitter, sf SessionFiles) ServerTool {
 				return nil, err
 			}
 			if sf == nil {
-				return nil, brokererr.New(brokererr.Unavailable, "session files are not available on this broker")
+				return nil, brokererr.New(brokererr.NotConfigured, "session files are not available on this broker (it has no sandbox backend)")
 			}
 			// Everything is checked before the first read, so a refused
 			// path never touches the workspace.
@@ -162,6 +185,8 @@ func CommitSessionFiles(m GitHubCommitter, sf SessionFiles) ServerTool {
 			}
 			return commitResult(res)
 		})
+	t.Needs = []Service{ServiceSandbox}
+	return t
 }
 
 // ReadGitHubFileArgs are read_github_file's arguments.

@@ -299,9 +299,17 @@ func TestGitHubToolsCommitAndRead(t *testing.T) {
 	wantToolError(t, h.call("alice", "read_github_file", `{"repo_id":"widgets","file_path":"nope.txt"}`), brokererr.FileNotFound, "nope.txt")
 }
 
+// Reached without a manager (the broker does not list them then), the
+// tools say retrying cannot help.
 func TestGitHubToolsWithoutManager(t *testing.T) {
 	h := newGHHarness(t, false)
-	wantToolError(t, h.call("alice", "read_github_file", `{"repo_id":"widgets","file_path":"README.md"}`), brokererr.Unavailable, "not configured")
-	wantToolError(t, h.call("alice", "commit_and_push_to_github",
-		`{"repo_id":"widgets","branch":"sandbox/a","files":{"a":"x"},"commit_message":"m"}`), brokererr.Unavailable, "not configured")
+	for _, res := range []*mcp.CallToolResult{
+		h.call("alice", "read_github_file", `{"repo_id":"widgets","file_path":"README.md"}`),
+		h.call("alice", "commit_and_push_to_github", `{"repo_id":"widgets","branch":"sandbox/a","files":{"a":"x"},"commit_message":"m"}`),
+	} {
+		wantToolError(t, res, brokererr.NotConfigured, "not configured")
+		if structured(t, res)["retryable"] != false {
+			t.Errorf("retryable: %v", structured(t, res))
+		}
+	}
 }

@@ -26,26 +26,30 @@ type Jobs struct {
 	Engine *Engine
 	Jobs   *jobs.Manager
 	// Egress returns the proxy a job of the principal's session (by
-	// workspace ID) reaches the network through under policy; it is only
-	// called for policies other than none.
-	Egress func(principal, sessionKey string, policy egress.Policy) (func(net.Listener), error)
+	// workspace ID) reaches the network through under policy, reporting
+	// each request's verdict to onDecision; it is only called for policies
+	// other than none.
+	Egress func(principal, sessionKey string, policy egress.Policy, onDecision func(egress.Decision)) (func(net.Listener), error)
 }
 
 // Limits of the execution tools.
 const (
 	maxInlineWait   = 50 * time.Second // below the 60 s many clients allow a call
 	defaultPollWait = 25 * time.Second
-	maxPageEvents   = 500
-	maxPageBytes    = 64 << 10
-	maxStdinBytes   = 64 << 10
-	maxEnvVars      = 64
-	maxEnvBytes     = 32 << 10
-	maxListed       = 100
+	// gatherWindow: a long-poll that got output keeps collecting this long,
+	// so a job printing line by line is not one call per line.
+	gatherWindow  = 250 * time.Millisecond
+	maxPageEvents = 500
+	maxPageBytes  = 64 << 10
+	maxStdinBytes = 64 << 10
+	maxEnvVars    = 64
+	maxEnvBytes   = 32 << 10
+	maxListed     = 100
 )
 
 func (j *Jobs) ready() error {
 	if j == nil || j.Jobs == nil {
-		return brokererr.New(brokererr.Unavailable, "no sandbox backend is available on this broker")
+		return brokererr.New(brokererr.NotConfigured, "no sandbox backend is available on this broker")
 	}
 	return j.Engine.ready()
 }
@@ -77,16 +81,22 @@ type SandboxConfig struct {
 	Network *NetworkArg `json:"network,omitempty" desc:"Egress: \"none\" (default), \"public\" (any public address), or {\"allowed_domains\": [\"api.example.com\", \"*.example.org\"], \"denied_domains\": [...]}. Private, loopback, link-local and metadata addresses are always refused."`
 }
 
-// ExecuteCodeArgs are execute_code's and execute_code_async's arguments.
+// ExecuteCodeAsyncArgs are execute_code_async's arguments. The
+// timeout's upper bound is SANDBOX_MAX_TIMEOUT, added by timeoutRule.
+type ExecuteCodeAsyncArgs struct {
+	Command          string            `json:"command" validate:"required,max=65536,clean" desc:"Shell command, run with bash -c in the session's sandbox."`
+	SessionID        string            `json:"session_id,omitempty" validate:"omitempty,session_id" audit:"clear" desc:"Session to use; omit to start a new one."`
+	TimeoutSeconds   int               `json:"timeout_seconds,omitempty" validate:"omitempty,min=1" desc:"Wall-clock limit; the whole process tree is killed when it passes (default 60)."`
+	Interactive      bool              `json:"interactive,omitempty" desc:"Keep stdin open for send_stdin."`
+	WorkingDirectory string            `json:"working_directory,omitempty" validate:"omitempty,max=1024,clean" audit:"clear" desc:"Directory relative to the workspace (/mnt/data); it must stay inside it."`
+	Environment      map[string]string `json:"environment,omitempty" validate:"omitempty,max=64,dive,max=8192,clean" desc:"Extra environment variables (names [A-Za-z_][A-Za-z0-9_]*; loader, shell-startup and proxy variables are refused)."`
+	SandboxConfig    *SandboxConfig    `json:"sandbox_config,omitempty" audit:"clear" desc:"Per-execution sandbox settings."`
+}
+
+// ExecuteCodeArgs are execute_code's arguments.
 type ExecuteCodeArgs struct {
-	Command           string            `json:"command" validate:"required,max=65536,clean" desc:"Shell command, run with bash -c in the session's sandbox."`
-	SessionID         string            `json:"session_id,omitempty" validate:"omitempty,session_id" audit:"clear" desc:"Session to use; omit to start a new one."`
-	TimeoutSeconds    int               `json:"timeout_seconds,omitempty" validate:"omitempty,min=1,max=3600" desc:"Wall-clock limit; the whole process tree is killed when it passes (default 60)."`
-	Interactive       bool              `json:"interactive,omitempty" desc:"Keep stdin open for send_stdin."`
-	WorkingDirectory  string            `json:"working_directory,omitempty" validate:"omitempty,max=1024,clean" audit:"clear" desc:"Directory relative to the workspace (/mnt/data); it must stay inside it."`
-	Environment       map[string]string `json:"environment,omitempty" validate:"omitempty,max=64,dive,max=8192,clean" desc:"Extra environment variables (names [A-Za-z_][A-Za-z0-9_]*; loader, shell-startup and proxy variables are refused)."`
-	SandboxConfig     *SandboxConfig    `json:"sandbox_config,omitempty" audit:"clear" desc:"Per-execution sandbox settings."`
-	WaitForCompletion *bool             `json:"wait_for_completion,omitempty" desc:"Wait (up to 50 s) for the command to finish (default true for execute_code). If it is still running, poll with get_execution_output."`
+	ExecuteCodeAsyncArgs
+	WaitForCompletion *bool `json:"wait_for_completion,omitempty" desc:"Wait (up to 50 s) for the command to finish (default true). If it is still running, poll with get_execution_output."`
 }
 
 var envName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,127}$`)
@@ -135,11 +145,15 @@ type ExecutionResult struct {
 	Dropped     int64        `json:"dropped,omitempty"`
 	NextSince   int64        `json:"next_since"`
 	More        bool         `json:"more,omitempty"`
-	Hint        string       `json:"hint,omitempty"`
+	// EgressDenied says which network requests the sandbox's proxy refused
+	// and by which rule: programs often show only "403".
+	EgressDenied      []jobs.EgressDenial `json:"egress_denied,omitempty"`
+	EgressDeniedOther int                 `json:"egress_denied_other,omitempty"`
+	Hint              string              `json:"hint,omitempty"`
 }
 
 // start validates and starts a job.
-func (j *Jobs) start(ctx context.Context, p identity.Principal, a *ExecuteCodeArgs) (execID, sessID string, err error) {
+func (j *Jobs) start(ctx context.Context, p identity.Principal, a *ExecuteCodeAsyncArgs) (execID, sessID string, err error) {
 	if err := j.ready(); err != nil {
 		return "", "", err
 	}
@@ -154,11 +168,8 @@ func (j *Jobs) start(ctx context.Context, p identity.Principal, a *ExecuteCodeAr
 		return "", "", err
 	}
 	timeout := e.DefaultTimeout
-	if a.TimeoutSeconds > 0 {
+	if a.TimeoutSeconds > 0 { // at most SANDBOX_MAX_TIMEOUT: timeoutRule
 		timeout = time.Duration(a.TimeoutSeconds) * time.Second
-	}
-	if e.MaxTimeout > 0 && timeout > e.MaxTimeout {
-		return "", "", brokererr.New(brokererr.InvalidInput, "timeout_seconds may be at most %d", int(e.MaxTimeout/time.Second))
 	}
 	policy := egress.Policy{Mode: egress.ModeNone}
 	if a.SandboxConfig != nil && a.SandboxConfig.Network != nil {
@@ -166,21 +177,31 @@ func (j *Jobs) start(ctx context.Context, p identity.Principal, a *ExecuteCodeAr
 	}
 	return j.launch(ctx, p, a.SessionID, timeout, func(lease *sessions.Lease) (jobs.StartRequest, error) {
 		spec := sandbox.JobSpec{Command: a.Command, WorkDir: wd, Env: a.Environment, Timeout: timeout, Interactive: a.Interactive}
+		var network jobs.EgressBuilder
 		if policy.Mode != egress.ModeNone && j.Egress != nil {
-			var err error
-			if spec.Egress, err = j.Egress(p.ID, lease.WorkspaceID, policy); err != nil {
-				return jobs.StartRequest{}, err
-			}
+			network = j.egressBuilder(p, lease, policy)
 		}
-		return jobs.StartRequest{Spec: spec, Network: policy.String()}, nil
+		return jobs.StartRequest{Spec: spec, Network: policy.String(), Egress: network}, nil
 	})
+}
+
+// egressBuilder gives a job of lease's session the egress proxy for
+// policy, reporting the requests a rule refused as the job's events.
+func (j *Jobs) egressBuilder(p identity.Principal, lease *sessions.Lease, policy egress.Policy) jobs.EgressBuilder {
+	return func(deny func(jobs.EgressDenial)) (func(net.Listener), error) {
+		return j.Egress(p.ID, lease.WorkspaceID, policy, func(d egress.Decision) {
+			if !d.Allowed && d.Rule != "" { // refused by a rule, not failed
+				deny(jobs.EgressDenial{Host: d.Host, Port: d.Port, Reason: d.Reason, Rule: d.Rule})
+			}
+		})
+	}
 }
 
 // launch runs a validated job in the caller's session: it holds timeout of
 // the daily execution budget and the session, lets prepare build the job
-// (Spec, Network, the stream hooks; it may use the session, which it holds),
-// and starts it. The budget is settled and the session unpinned when the
-// job ends; the job is counted in the sandbox metrics then.
+// (Spec, Network, Egress, the stream hooks; it may use the session, which
+// it holds), and starts it. The budget is settled and the session unpinned
+// when the job ends; the job is counted in the sandbox metrics then.
 func (j *Jobs) launch(ctx context.Context, p identity.Principal, sessionID string, timeout time.Duration,
 	prepare func(*sessions.Lease) (jobs.StartRequest, error)) (execID, sessID string, err error) {
 	e := j.Engine
@@ -202,7 +223,7 @@ func (j *Jobs) launch(ctx context.Context, p identity.Principal, sessionID strin
 	hold.started()
 	runner, ok := lease.Session.(sandbox.JobRunner)
 	if !ok {
-		return "", "", brokererr.New(brokererr.Unavailable, "this sandbox backend cannot run executions")
+		return "", "", brokererr.New(brokererr.NotConfigured, "this sandbox backend cannot run executions")
 	}
 	req, err := prepare(lease)
 	if err != nil {
@@ -247,11 +268,12 @@ func jobOutcome(x sandbox.JobExit) string {
 
 // page reads events after since and cleans their text.
 func (j *Jobs) page(ctx context.Context, p identity.Principal, id string, since int64, wait time.Duration) (ExecutionResult, error) {
-	out, err := j.Jobs.Read(ctx, p.ID, id, jobs.ReadRequest{Since: since, Wait: wait, MaxEvents: maxPageEvents, MaxBytes: maxPageBytes})
+	out, err := j.Jobs.Read(ctx, p.ID, id, jobs.ReadRequest{Since: since, Wait: wait, MaxEvents: maxPageEvents, MaxBytes: maxPageBytes, Gather: gatherWindow})
 	if err != nil {
 		return ExecutionResult{}, err
 	}
-	res := ExecutionResult{ExecutionID: id, Status: out.Status, Dropped: out.Dropped, NextSince: out.Next, More: out.More, Output: out.Events}
+	res := ExecutionResult{ExecutionID: id, Status: out.Status, Dropped: out.Dropped, NextSince: out.Next, More: out.More, Output: out.Events,
+		EgressDenied: out.EgressDenied, EgressDeniedOther: out.EgressDeniedOther}
 	if res.Output == nil {
 		res.Output = []jobs.Event{}
 	}
@@ -262,8 +284,11 @@ func (j *Jobs) page(ctx context.Context, p identity.Principal, id string, since 
 			res.ExitCode = ev.Code
 		}
 	}
-	if res.Dropped > 0 {
+	switch {
+	case res.Dropped > 0:
 		res.Hint = "older output was dropped to respect the log's size cap"
+	case len(res.EgressDenied) > 0:
+		res.Hint = "the sandbox's network proxy refused requests: egress_denied says which host and which rule of sandbox_config.network"
 	}
 	return res, nil
 }
@@ -336,7 +361,7 @@ func (j *Jobs) ExecuteCode() ServerTool {
 		"Run a shell command in your session's sandbox as a tracked execution. Waits up to 50 s for it to finish and returns its output events; longer commands keep running and are read with get_execution_output. No network unless sandbox_config.network allows it.",
 		256<<10, writeAnnotations("Execute command", false, false),
 		func(ctx context.Context, p identity.Principal, a *ExecuteCodeArgs) (*mcp.CallToolResult, error) {
-			id, sess, err := j.start(ctx, p, a)
+			id, sess, err := j.start(ctx, p, &a.ExecuteCodeAsyncArgs)
 			if err != nil {
 				return nil, err
 			}
@@ -358,7 +383,7 @@ func (j *Jobs) ExecuteCode() ServerTool {
 			}
 			res.SessionID = sess
 			return jsonResult(withHint(res))
-		})
+		}).withRules(timeoutRule("timeout_seconds", j.Engine))
 }
 
 // ExecuteCodeAsync starts a job and returns at once.
@@ -366,13 +391,13 @@ func (j *Jobs) ExecuteCodeAsync() ServerTool {
 	return newTool("execute_code_async",
 		"Start a shell command in your session's sandbox and return at once with its execution_id; read output with get_execution_output, feed input with send_stdin, stop it with cancel_execution.",
 		256<<10, writeAnnotations("Start command", false, false),
-		func(ctx context.Context, p identity.Principal, a *ExecuteCodeArgs) (*mcp.CallToolResult, error) {
+		func(ctx context.Context, p identity.Principal, a *ExecuteCodeAsyncArgs) (*mcp.CallToolResult, error) {
 			id, sess, err := j.start(ctx, p, a)
 			if err != nil {
 				return nil, err
 			}
 			return jsonResult(map[string]any{"execution_id": id, "session_id": sess, "status": jobs.StatusRunning})
-		})
+		}).withRules(timeoutRule("timeout_seconds", j.Engine))
 }
 
 // ExecutionIDArgs name one execution.
@@ -391,7 +416,7 @@ type GetExecutionOutputArgs struct {
 // GetExecutionOutput reads a job's events by cursor.
 func (j *Jobs) GetExecutionOutput() ServerTool {
 	return newTool("get_execution_output",
-		"Read an execution's output events after the cursor `since` (events carry seq; pass the returned next_since next time). With wait=true it long-polls until new output arrives or the execution ends.",
+		"Read an execution's output events after the cursor `since` (events carry seq; pass the returned next_since next time). With wait=true it long-polls until new output arrives (then gathers for 250 ms more, up to 64 KB) or the execution ends.",
 		0, readAnnotations("Read execution output"),
 		func(ctx context.Context, p identity.Principal, a *GetExecutionOutputArgs) (*mcp.CallToolResult, error) {
 			if err := j.ready(); err != nil {

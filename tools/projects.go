@@ -47,7 +47,7 @@ const (
 
 func (pr *Projects) ready() error {
 	if pr == nil || pr.Manager == nil {
-		return brokererr.New(brokererr.Unavailable, "no project sandbox provider is available on this broker")
+		return brokererr.New(brokererr.NotConfigured, "no project sandbox provider is configured on this broker")
 	}
 	return nil
 }

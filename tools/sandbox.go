@@ -3,12 +3,14 @@ package tools
 import (
 	"context"
 	"encoding/base64"
+	"fmt"
 	"sort"
 	"strings"
 	"time"
 
 	"github.com/mark3labs/mcp-go/mcp"
 
+	"github.com/sandbox-broker/sandbox-broker/config"
 	"github.com/sandbox-broker/sandbox-broker/middleware"
 	"github.com/sandbox-broker/sandbox-broker/services/brokererr"
 	"github.com/sandbox-broker/sandbox-broker/services/identity"
@@ -30,6 +32,8 @@ type Engine struct {
 	// Redact filters text streamed in notifications (the chain redacts
 	// results, not notifications); nil disables streaming.
 	Redact func(string) string
+	// MaxLinkBytes caps the files signed links serve and accept.
+	MaxLinkBytes int64
 	// Metrics counts executions (nil: not counted).
 	Metrics *middleware.SandboxMetrics
 }
@@ -41,10 +45,12 @@ func (e *Engine) observe(language, outcome string, d time.Duration) {
 	}
 }
 
-// URLSigner makes signed download links for workspace files; it fails when
-// the broker has no public address, and tools then leave the link out.
+// URLSigner makes signed download links for workspace files, and upload
+// links; it fails when the broker has no public address, and tools then
+// leave download links out.
 type URLSigner interface {
 	URL(workspaceID, path string) (string, time.Time, error)
+	UploadURL(workspaceID, path string, maxBytes int64, overwrite bool) (string, time.Time, error)
 }
 
 // ExecutionBudget is the per-day execution quota: a run reserves its
@@ -110,9 +116,19 @@ const (
 	defaultReadBytes = 256 << 10
 )
 
+// timeoutRule bounds a timeout argument by SANDBOX_MAX_TIMEOUT, in the
+// schema and the validator alike; without an engine (docs) by its default.
+func timeoutRule(field string, e *Engine) middleware.Rule {
+	limit := config.Defaults().MaxTimeoutS
+	if e != nil && e.MaxTimeout > 0 {
+		limit = int(e.MaxTimeout / time.Second)
+	}
+	return middleware.Rule{Field: field, Tag: fmt.Sprintf("max=%d", limit)}
+}
+
 func (e *Engine) ready() error {
 	if e == nil || e.Sessions == nil {
-		return brokererr.New(brokererr.Unavailable, "no sandbox backend is available on this broker")
+		return brokererr.New(brokererr.NotConfigured, "no sandbox backend is available on this broker")
 	}
 	return nil
 }
@@ -134,7 +150,8 @@ type RunCodeArgs struct {
 	ConversationID string `json:"conversationId,omitempty" validate:"omitempty,session_id" audit:"clear" desc:"Alias of session_id."`
 	Language       string `json:"language" validate:"required,max=32,clean" audit:"clear" desc:"Runner language; list_runners shows what is available (python, typescript, bash)."`
 	Code           string `json:"code" validate:"required,max=262144,clean" desc:"Source code to run. The working directory is /mnt/data (also /data), which persists for the session."`
-	TimeoutS       int    `json:"timeout_s,omitempty" validate:"omitempty,min=1,max=600" desc:"Wall-clock limit in seconds (default 60)."`
+	TimeoutS       int    `json:"timeout_s,omitempty" validate:"omitempty,min=1" desc:"Wall-clock limit in seconds (default 60)."`
+	Mode           string `json:"mode,omitempty" validate:"omitempty,oneof=fresh notebook" audit:"clear" desc:"fresh (default): a new process per run. notebook (python only): a cell of the session's Jupyter kernel, which keeps variables and imports between calls and shows the last expression's value, figures and rich displays. A timeout or out-of-memory kill ends the kernel and its state."`
 }
 
 // RunCodeResult is run_code's structured output.
@@ -151,12 +168,20 @@ type RunCodeResult struct {
 	OOMKilled  bool      `json:"oom_killed"`
 	Truncated  bool      `json:"truncated"`
 	Files      []FileRef `json:"files"`
+	// Rich output: Result is the text of a notebook cell's last
+	// expression; Displays lists every result, display and figure, whose
+	// images and HTML follow as content.
+	Result          string        `json:"result,omitempty"`
+	Displays        []DisplayRef  `json:"displays,omitempty"`
+	DisplaysOmitted int           `json:"displays_omitted,omitempty"`
+	Exception       *ExceptionRef `json:"exception,omitempty"`
+	Kernel          *KernelRef    `json:"kernel,omitempty"`
 }
 
 // RunCode runs code in the caller's session sandbox.
 func RunCode(e *Engine) ServerTool {
 	return newTool("run_code",
-		"Run Python, TypeScript or Bash code in your session's sandbox (no network). Files written under /mnt/data persist for the session; new or changed files come back as sandbox:// resource links (read them with resources/read), images also inline, plus signed download links when the broker has a public URL.",
+		"Run Python, TypeScript or Bash code in your session's sandbox (no network). Files written under /mnt/data persist for the session; new or changed files come back as sandbox:// resource links (read them with resources/read), images also inline, plus signed download links when the broker has a public URL. Matplotlib figures a Python run shows or leaves open come back as images. mode=notebook runs Python in the session's persistent Jupyter kernel (state kept between calls, last expression displayed).",
 		512<<10, writeAnnotations("Run code", false, false),
 		func(ctx context.Context, p identity.Principal, a *RunCodeArgs) (*mcp.CallToolResult, error) {
 			if err := e.ready(); err != nil {
@@ -169,12 +194,12 @@ func RunCode(e *Engine) ServerTool {
 			if err := e.checkLanguage(ctx, a.Language); err != nil {
 				return nil, err
 			}
-			timeout := e.DefaultTimeout
-			if a.TimeoutS > 0 {
-				timeout = time.Duration(a.TimeoutS) * time.Second
+			if a.Mode == sandbox.ModeNotebook && a.Language != "python" {
+				return nil, brokererr.New(brokererr.InvalidInput, "mode notebook runs python only; use mode fresh for %s", a.Language)
 			}
-			if e.MaxTimeout > 0 && timeout > e.MaxTimeout {
-				return nil, brokererr.New(brokererr.InvalidInput, "timeout_s may be at most %d", int(e.MaxTimeout/time.Second))
+			timeout := e.DefaultTimeout
+			if a.TimeoutS > 0 { // at most SANDBOX_MAX_TIMEOUT: timeoutRule
+				timeout = time.Duration(a.TimeoutS) * time.Second
 			}
 			hold, err := e.reserveExecution(ctx, p, timeout)
 			if err != nil {
@@ -188,7 +213,7 @@ func RunCode(e *Engine) ServerTool {
 			defer lease.Release()
 			hold.started()
 			stop := newNotifier(ctx, e.Redact).tick(ctx, "run_code", time.Second)
-			res, err := lease.Session.Exec(ctx, sandbox.ExecRequest{Language: a.Language, Code: a.Code, Timeout: timeout, MaxOutputBytes: maxAgentBytes})
+			res, err := lease.Session.Exec(ctx, sandbox.ExecRequest{Language: a.Language, Code: a.Code, Timeout: timeout, MaxOutputBytes: maxAgentBytes, Mode: a.Mode})
 			stop()
 			hold.settle(res.Duration) // spent time counts even when the run failed
 			e.observe(a.Language, runOutcome(res, err), res.Duration)
@@ -203,8 +228,11 @@ func RunCode(e *Engine) ServerTool {
 			out.Truncated = out.Truncated || t1 || t2
 			out.Output = joinOutput(out.Stdout, out.Stderr)
 			out.Success = res.ExitCode == 0 && !res.TimedOut && !res.OOMKilled && res.Signal == ""
-			return prependJSON(e.filesResult(ctx, lease, res.Changed, &out.Files), out)
-		})
+			shown := richOutput(&out, lease.ID, res)
+			files := e.filesResult(ctx, lease, res.Changed, &out.Files)
+			files.Content = append(shown, files.Content...)
+			return prependJSON(files, out)
+		}).withRules(timeoutRule("timeout_s", e))
 }
 
 // runOutcome classifies a run for the metrics.

@@ -6,7 +6,6 @@ package tools
 import (
 	"context"
 	"fmt"
-	"slices"
 	"sort"
 	"strings"
 
@@ -23,7 +22,22 @@ type ServerTool struct {
 	Tool    mcp.Tool
 	Handler server.ToolHandlerFunc
 	Args    middleware.ArgSpec
+	// Needs lists services the tool needs beyond its toolset's.
+	Needs []Service
 }
+
+// Service is a part of the broker that a toolset needs. Tools whose
+// service is not configured are not listed: they could only ever answer
+// NOT_CONFIGURED.
+type Service string
+
+// Services.
+const (
+	ServiceSandbox  Service = "sandbox backend"
+	ServiceProjects Service = "project provider"
+	ServiceGitHub   Service = "GitHub allow-list"
+	ServiceModels   Service = "model gateway" // agent tasks
+)
 
 // ReadOnly reports the tool's readOnlyHint, the single source of truth for
 // read-only mode.
@@ -55,6 +69,14 @@ func newTool[A any](name, description string, maxArgBytes int, ann mcp.ToolAnnot
 	return ServerTool{Tool: def, Handler: handler, Args: spec}
 }
 
+// withRules adds argument rules known only at start-up (configuration) to
+// the validator and the published schema.
+func (t ServerTool) withRules(rules ...middleware.Rule) ServerTool {
+	t.Args = t.Args.WithRules(rules...)
+	t.Tool.RawInputSchema = t.Args.Schema()
+	return t
+}
+
 func boolPtr(b bool) *bool { return &b }
 
 // readAnnotations marks a tool that changes nothing.
@@ -77,11 +99,18 @@ type Toolset struct {
 	Description string
 	read, write []ServerTool
 	resources   []ServerResource
+	needs       []Service
 }
 
 // NewToolset starts an empty toolset.
 func NewToolset(name, description string) *Toolset {
 	return &Toolset{Name: name, Description: description}
+}
+
+// Needs declares services every tool of the toolset needs.
+func (ts *Toolset) Needs(s ...Service) *Toolset {
+	ts.needs = append(ts.needs, s...)
+	return ts
 }
 
 // AddReadTools adds tools that must declare readOnlyHint=true; a mislabelled
@@ -125,20 +154,36 @@ func (ts *Toolset) Tools(readOnly bool) []ServerTool {
 
 // Group is every toolset the broker knows.
 type Group struct {
-	sets []*Toolset
-}
-
-// Drop removes the named toolset: one the broker cannot serve as
-// configured. "all" then leaves it out and naming it is an error.
-func (g *Group) Drop(name string) {
-	g.sets = slices.DeleteFunc(g.sets, func(ts *Toolset) bool { return ts.Name == name })
+	sets    []*Toolset
+	missing map[Service]string // service → what to configure
 }
 
 // Toolsets returns the group's toolsets in registration order.
 func (g *Group) Toolsets() []*Toolset { return g.sets }
 
+// Unconfigured records that s is not available and why (what the operator
+// would set); Enable and Resources then leave out what needs it.
+func (g *Group) Unconfigured(s Service, why string) {
+	if g.missing == nil {
+		g.missing = map[Service]string{}
+	}
+	g.missing[s] = why
+}
+
+// lacking returns the first of needs that is not configured, if any.
+func (g *Group) lacking(needs []Service) (Service, bool) {
+	for _, s := range needs {
+		if _, ok := g.missing[s]; ok {
+			return s, true
+		}
+	}
+	return "", false
+}
+
 // Enable resolves toolset names ("all" enables every one) into tools,
-// sorted by name. Unknown names are an error, not silently ignored.
+// sorted by name. Unknown names are an error, not silently ignored. "all"
+// leaves out toolsets and tools whose service is not configured; naming
+// such a toolset explicitly is an error that says what to configure.
 func (g *Group) Enable(names []string, readOnly bool) ([]ServerTool, error) {
 	want := nameSet(names)
 	var out []ServerTool
@@ -147,8 +192,18 @@ func (g *Group) Enable(names []string, readOnly bool) ([]ServerTool, error) {
 		if !selected(want, ts) {
 			continue
 		}
+		explicit := want[ts.Name]
 		delete(want, ts.Name)
+		if s, ok := g.lacking(ts.needs); ok {
+			if explicit {
+				return nil, fmt.Errorf("toolset %s needs the %s, which is not configured: %s", ts.Name, s, g.missing[s])
+			}
+			continue
+		}
 		for _, t := range ts.Tools(readOnly) {
+			if _, ok := g.lacking(t.Needs); ok {
+				continue
+			}
 			if seen[t.Tool.Name] {
 				return nil, fmt.Errorf("tool %s is defined twice", t.Tool.Name)
 			}
@@ -177,7 +232,7 @@ func (g *Group) Resources(names []string) []ServerResource {
 	var out []ServerResource
 	seen := map[string]bool{}
 	for _, ts := range g.sets {
-		if !selected(want, ts) {
+		if _, ok := g.lacking(ts.needs); ok || !selected(want, ts) {
 			continue
 		}
 		for _, r := range ts.resources {

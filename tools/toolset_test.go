@@ -71,6 +71,49 @@ func TestEnableToolsetsAndReadOnly(t *testing.T) {
 	}
 }
 
+func TestUnconfiguredServicesAreNotListed(t *testing.T) {
+	needy := fakeTool("b_needs_gh", false)
+	needy.Needs = []Service{ServiceGitHub}
+	newGroup := func() *Group {
+		return &Group{sets: []*Toolset{
+			NewToolset("a", "").AddReadTools(fakeTool("a_read", true)),
+			NewToolset("b", "").Needs(ServiceSandbox).AddReadTools(fakeTool("b_read", true)).
+				AddResourceTemplates(FileResources(nil)),
+			NewToolset("c", "").AddReadTools(fakeTool("c_read", true)).AddWriteTools(needy),
+		}}
+	}
+	names := func(ts []ServerTool) string {
+		var out []string
+		for _, t := range ts {
+			out = append(out, t.Tool.Name)
+		}
+		return strings.Join(out, ",")
+	}
+	g := newGroup()
+	if got, err := g.Enable([]string{"all"}, false); err != nil || names(got) != "a_read,b_needs_gh,b_read,c_read" {
+		t.Fatalf("all services configured: %s %v", names(got), err)
+	}
+	g.Unconfigured(ServiceSandbox, "SANDBOX_BACKEND=none")
+	g.Unconfigured(ServiceGitHub, "GITHUB_REPOS_FILE is not set")
+	got, err := g.Enable([]string{"all"}, false)
+	if err != nil || names(got) != "a_read,c_read" {
+		t.Fatalf("all without sandbox and GitHub: %s %v", names(got), err)
+	}
+	if rs := g.Resources([]string{"all"}); len(rs) != 0 {
+		t.Fatalf("resources of an unconfigured toolset listed: %d", len(rs))
+	}
+	// Asking for the toolset by name is a start-up error that says what to set.
+	_, err = g.Enable([]string{"a", "b"}, false)
+	if err == nil || !strings.Contains(err.Error(), "toolset b") || !strings.Contains(err.Error(), "sandbox backend") ||
+		!strings.Contains(err.Error(), "SANDBOX_BACKEND=none") {
+		t.Fatalf("explicit unconfigured toolset: %v", err)
+	}
+	// A toolset whose own service is there loses only the tools that need more.
+	if got, err := g.Enable([]string{"c"}, false); err != nil || names(got) != "c_read" {
+		t.Fatalf("toolset c: %s %v", names(got), err)
+	}
+}
+
 func TestToolRefusesCallsOutsideTheChain(t *testing.T) {
 	st := fakeTool("x", true)
 	res, err := st.Handler(context.Background(), mcp.CallToolRequest{})

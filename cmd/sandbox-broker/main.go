@@ -21,6 +21,7 @@ const usage = `usage:
   sandbox-broker audit verify [--root dir | --db file]
   sandbox-broker audit tail [-n N] [--root dir | --db file]
   sandbox-broker audit export --format jsonl [--root dir | --db file]
+  sandbox-broker init [--dir dir] [--force] [--show-token]   (writes .env with fresh secrets for docker compose)
   sandbox-broker docs [--readme README.md] [--check]
   sandbox-broker version
   sandbox-broker agent [--socket path] [--language lang]   (runs inside sandbox containers)
@@ -60,6 +61,8 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer, getenv func(s
 		return agentCmd(ctx, args[1:], stdin, stdout, stderr)
 	case "docs":
 		return docsCmd(args[1:], stdout, stderr)
+	case "init":
+		return initCmd(args[1:], stdout, stderr)
 	case "version":
 		fmt.Fprintln(stdout, "sandbox-broker", version)
 		return 0

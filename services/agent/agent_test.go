@@ -185,7 +185,7 @@ func TestPythonBasics(t *testing.T) {
 			{"argv-main", "import sys\nprint(__name__, sys.argv[0].endswith('main.py'))", 0, "__main__ True\n", nil},
 			{"syspath", "import sys, os\nprint(sys.path[0] == os.path.dirname(__file__), '' not in sys.path)", 0, "True True\n", nil},
 			{"stdin-devnull", "import sys\nprint(repr(sys.stdin.read()))", 0, "''\n", nil},
-			{"env", "import os\nprint(os.environ['HOME'], os.environ['MPLBACKEND'], os.environ['PYTHONUNBUFFERED'])", 0, "/tmp Agg 1\n", nil},
+			{"env", "import os\nprint(os.environ['HOME'], os.environ['MPLBACKEND'], os.environ['PYTHONUNBUFFERED'])", 0, "/tmp " + figuresBackend + " 1\n", nil},
 			{"atexit", "import atexit\natexit.register(lambda: print('bye'))\nprint('hi')", 0, "hi\nbye\n", nil},
 			{"thread-joined", "import threading, time\nthreading.Thread(target=lambda: (time.sleep(0.05), print('t'))).start()", 0, "t\n", nil},
 			{"unicode", "print('h\\u00e9\\u2603')", 0, "h\u00e9\u2603\n", nil},

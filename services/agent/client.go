@@ -3,6 +3,7 @@ package agent
 import (
 	"bytes"
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -15,6 +16,11 @@ import (
 	"github.com/sandbox-broker/sandbox-broker/services/brokererr"
 	"github.com/sandbox-broker/sandbox-broker/services/sandbox"
 )
+
+// ErrNotReached wraps a failure to connect to the agent: the request was
+// never sent, so nothing ran and the caller may retry on a new sandbox
+// (the agent's container died, say with a restarted Docker daemon).
+var ErrNotReached = errors.New("agent: not reached")
 
 // ClientMargin is added to the request's timeout for the client's deadline:
 // it covers the agent's kill, sweep and output drain.
@@ -42,7 +48,7 @@ func Run(ctx context.Context, socketPath string, req Request) (Response, error) 
 	defer cancel()
 	c, err := DialSocket(dctx, socketPath)
 	if err != nil {
-		return Response{}, fmt.Errorf("agent: dial: %w", err)
+		return Response{}, fmt.Errorf("%w: %w", ErrNotReached, err)
 	}
 	defer c.Close()
 	_ = c.SetDeadline(deadline)
@@ -153,15 +159,65 @@ func ExecResult(resp Response, dur time.Duration) (sandbox.ExecResult, error) {
 		}
 		return sandbox.ExecResult{Duration: dur}, brokererr.New(brokererr.Unavailable, "the sandbox could not run the code: %s", msg)
 	}
-	return sandbox.ExecResult{
-		ExitCode:  resp.ExitCode,
-		Signal:    resp.Signal,
-		Stdout:    resp.Stdout,
-		Stderr:    resp.Stderr,
-		Truncated: resp.Truncated,
-		TimedOut:  resp.TimedOut,
-		Duration:  dur,
-	}, nil
+	res := sandbox.ExecResult{
+		ExitCode:        resp.ExitCode,
+		Signal:          resp.Signal,
+		Stdout:          resp.Stdout,
+		Stderr:          resp.Stderr,
+		Truncated:       resp.Truncated,
+		TimedOut:        resp.TimedOut,
+		Duration:        dur,
+		DisplaysDropped: max(resp.DisplaysDropped, 0),
+	}
+	for _, d := range resp.Displays {
+		if x, ok := decodeDisplay(d); ok && len(res.Displays) < MaxDisplays {
+			res.Displays = append(res.Displays, x)
+		} else {
+			res.DisplaysDropped++
+		}
+	}
+	if e := resp.Exception; e != nil {
+		res.Exception = &sandbox.Exception{Name: e.Name, Value: e.Value}
+	}
+	if k := resp.Kernel; k != nil {
+		res.Kernel = &sandbox.KernelStatus{ExecutionCount: max(k.ExecutionCount, 0), Started: k.Started, Reason: k.Lost, Ended: k.Ended}
+	}
+	return res, nil
+}
+
+// decodeDisplay checks one of the agent's displays: known kind and MIME
+// types only, images valid base64 of the format their type names.
+func decodeDisplay(d Display) (sandbox.Display, bool) {
+	if d.Kind != DisplayResult && d.Kind != DisplayData {
+		return sandbox.Display{}, false
+	}
+	out := sandbox.Display{Kind: d.Kind, Data: map[string][]byte{}}
+	for _, mime := range DisplayMIMETypes {
+		v, ok := d.Data[mime]
+		if !ok {
+			continue
+		}
+		if !strings.HasPrefix(mime, "image/") {
+			out.Data[mime] = []byte(v)
+			continue
+		}
+		b, err := base64.StdEncoding.DecodeString(strings.TrimSpace(v))
+		if err != nil || !imageMagic(mime, b) {
+			continue
+		}
+		out.Data[mime] = b
+	}
+	return out, len(out.Data) > 0
+}
+
+func imageMagic(mime string, b []byte) bool {
+	switch mime {
+	case "image/png":
+		return isPNG(b)
+	case "image/jpeg":
+		return len(b) > 3 && b[0] == 0xff && b[1] == 0xd8 && b[2] == 0xff
+	}
+	return false
 }
 
 // UnknownLanguage is a backend's answer to a run in a language it does not

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"path/filepath"
+	"sync"
 
 	"golang.org/x/sys/unix"
 )
@@ -77,4 +78,41 @@ func openSocket(path string) (int, error) {
 		return -1, ErrNotSocket
 	}
 	return fd, nil
+}
+
+// ListenSocket listens on a Unix socket at path, whatever its length: it
+// binds through /proc/self/fd/<dir>/<name>, so a SANDBOX_ROOT deep enough
+// to push the full path past sun_path's 108 bytes still works. The
+// directory is held open, not followed through a symlink, and the socket
+// is unlinked relative to it when the listener closes.
+func ListenSocket(path string) (net.Listener, error) {
+	dir, name := filepath.Split(path)
+	dfd, err := unix.Open(filepath.Clean(dir), unix.O_PATH|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("open socket dir: %w", err)
+	}
+	ln, err := net.Listen("unix", fmt.Sprintf("/proc/self/fd/%d/%s", dfd, name))
+	if err != nil {
+		unix.Close(dfd)
+		return nil, err
+	}
+	ul := ln.(*net.UnixListener)
+	ul.SetUnlinkOnClose(false) // the magic path names another dir once dfd is closed
+	return &dirListener{UnixListener: ul, dfd: dfd, name: name}, nil
+}
+
+type dirListener struct {
+	*net.UnixListener
+	dfd  int
+	name string
+	once sync.Once
+}
+
+func (l *dirListener) Close() error {
+	err := l.UnixListener.Close()
+	l.once.Do(func() {
+		_ = unix.Unlinkat(l.dfd, l.name, 0)
+		unix.Close(l.dfd)
+	})
+	return err
 }

@@ -3,9 +3,11 @@ package agent
 import (
 	"context"
 	"errors"
+	"io"
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 )
 
@@ -60,5 +62,44 @@ func TestSocketHelpersRefuseSymlinks(t *testing.T) {
 	c.Close()
 	if _, err := DialSocket(context.Background(), target); !errors.Is(err, ErrNotSocket) {
 		t.Fatalf("dial a regular file: %v", err)
+	}
+}
+
+// ListenSocket works where the full path is past sun_path's 108 bytes (a
+// deep SANDBOX_ROOT made every job with network fail), and removes the
+// socket when it closes.
+func TestListenSocketLongPath(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), strings.Repeat("d", 100))
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	p := filepath.Join(dir, "egress-0123456789abcdef.sock")
+	if len(p) <= 108 {
+		t.Fatalf("path of %d bytes is not long enough to test", len(p))
+	}
+	ln, err := ListenSocket(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		if c, err := ln.Accept(); err == nil {
+			_, _ = c.Write([]byte("ok"))
+			c.Close()
+		}
+	}()
+	c, err := DialSocket(context.Background(), p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(c)
+	c.Close()
+	if string(b) != "ok" {
+		t.Fatalf("read %q", b)
+	}
+	if err := ln.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Lstat(p); !os.IsNotExist(err) {
+		t.Fatalf("socket left behind after Close: %v", err)
 	}
 }

@@ -399,6 +399,7 @@ func (j *agentJob) cleanup() {
 	select {
 	case runSem <- struct{}{}:
 		sweep(s.mode, s.opts.ProcRoot)
+		s.nb.freeze()
 		<-runSem
 	default:
 	}

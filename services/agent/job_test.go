@@ -283,6 +283,41 @@ func TestJobStdinConsumedAtExitIsAcknowledged(t *testing.T) {
 	}
 }
 
+// TestJobStdinPartialWriteIsCounted: when a job stops reading part-way
+// through a write, the error says how much is in its stdin and how much is
+// queued, and exactly that much reaches the job once it reads again.
+func TestJobStdinPartialWriteIsCounted(t *testing.T) {
+	ta := startAgent(t, Options{Language: LangBash})
+	ctx := context.Background()
+	rec := newRecorder()
+	j := ta.startJob(t, JobRequest{Command: "trap 'wc -c; exit 0' HUP; echo ready; while :; do sleep 0.05; done", Interactive: true}, rec.sink)
+	rec.waitFor(t, "stdout", "ready")
+	data := bytes.Repeat([]byte("z"), 8*MaxJobChunk) // well past a pipe buffer
+	wctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
+	err := j.WriteStdin(wctx, data)
+	cancel()
+	var part *sandbox.PartialStdinError
+	if !errors.As(err, &part) || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("blocked write: %v, want a PartialStdinError", err)
+	}
+	if part.Total != len(data) || part.Written <= 0 || part.Queued != MaxJobChunk || part.Written+part.Queued >= part.Total {
+		t.Fatalf("partial write %+v", part)
+	}
+	// The job reads again: the queued chunk follows, then EOF.
+	if err := j.Signal(ctx, syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	if err := j.CloseStdin(ctx); err != nil {
+		t.Fatalf("close after the queued chunk: %v", err)
+	}
+	if x := waitDone(t, j); x.ExitCode != 0 {
+		t.Fatalf("exit %+v", x)
+	}
+	if got, want := strings.TrimSpace(rec.text("stdout")), fmt.Sprintf("ready\n%d", part.Written+part.Queued); got != want {
+		t.Fatalf("stdout %q, want %q", got, want)
+	}
+}
+
 func TestJobSignals(t *testing.T) {
 	ta := startAgent(t, Options{Language: LangBash})
 	ctx := context.Background()

@@ -65,7 +65,7 @@ func StartJob(ctx context.Context, socketPath string, req JobRequest, sink sandb
 	defer cancel()
 	c, err := DialSocket(dctx, socketPath)
 	if err != nil {
-		return nil, fmt.Errorf("agent: dial: %w", err)
+		return nil, fmt.Errorf("%w: %w", ErrNotReached, err)
 	}
 	ok := false
 	defer func() {
@@ -271,9 +271,13 @@ func (j *clientJob) command(ctx context.Context, f JobFrame, onAck func()) error
 	case err := <-ch:
 		return err
 	case <-ctx.Done():
-		return ctx.Err()
+		return fmt.Errorf("%w: %w", errUnacked, ctx.Err())
 	}
 }
+
+// errUnacked: a command was sent but ctx ended before its ack; the agent
+// still applies it.
+var errUnacked = errors.New("agent: sent, not acknowledged yet")
 
 func (j *clientJob) write(ctx context.Context, b []byte) error {
 	j.wmu.Lock()
@@ -318,17 +322,27 @@ func (j *clientJob) stdinCommand(ctx context.Context, f JobFrame) error {
 	return j.command(ctx, f, func() { once.Do(func() { <-j.stdinSem }) })
 }
 
-// WriteStdin implements sandbox.Job; data is sent in MaxJobChunk pieces.
+// WriteStdin implements sandbox.Job; data is sent in MaxJobChunk pieces,
+// each written once the previous one is in the job's stdin. If that stops
+// part-way, the error says how far it got (*sandbox.PartialStdinError).
 func (j *clientJob) WriteStdin(ctx context.Context, data []byte) error {
 	if j.stdinClosed.Load() {
 		return errors.New("agent: stdin is closed")
 	}
-	for len(data) > 0 {
-		n := min(len(data), MaxJobChunk)
-		if err := j.stdinCommand(ctx, JobFrame{T: FrameStdin, D: data[:n]}); err != nil {
-			return err
+	written := 0
+	for written < len(data) {
+		n := min(len(data)-written, MaxJobChunk)
+		if err := j.stdinCommand(ctx, JobFrame{T: FrameStdin, D: data[written : written+n]}); err != nil {
+			queued := 0
+			if errors.Is(err, errUnacked) {
+				queued = n
+			}
+			if written+queued == 0 {
+				return err
+			}
+			return &sandbox.PartialStdinError{Written: written, Queued: queued, Total: len(data), Err: err}
 		}
-		data = data[n:]
+		written += n
 	}
 	return nil
 }

@@ -10,6 +10,8 @@ package agent
 import (
 	"syscall"
 	"time"
+
+	"github.com/sandbox-broker/sandbox-broker/services/sandbox"
 )
 
 // SocketDir and SocketName locate the agent's socket inside the container.
@@ -28,7 +30,18 @@ type Request struct {
 	Code           string `json:"code"`
 	TimeoutMS      int64  `json:"timeout_ms"`
 	MaxOutputBytes int    `json:"max_output_bytes"` // per stream
+	// Mode is ModeFresh ("" too) or ModeNotebook (python only).
+	Mode string `json:"mode,omitempty"`
 }
+
+// Run modes.
+const (
+	// ModeFresh runs the code in a new process, as `python3 main.py` would.
+	ModeFresh = sandbox.ModeFresh
+	// ModeNotebook runs the code as a cell of the agent's Jupyter kernel
+	// (ipykernel), started on first use, which keeps its state across runs.
+	ModeNotebook = sandbox.ModeNotebook
+)
 
 // Response is the run's outcome.
 type Response struct {
@@ -44,6 +57,55 @@ type Response struct {
 	// Zygote is true when the run was forked from the agent's pre-warmed
 	// Python zygote instead of a fresh interpreter (informational).
 	Zygote bool `json:"zygote,omitempty"`
+	// Displays are the run's rich outputs in order: a notebook cell's
+	// result and display() calls, and the matplotlib figures it showed or
+	// left open (in both modes). At most MaxDisplays, MaxDisplayBytes.
+	Displays []Display `json:"displays,omitempty"`
+	// DisplaysDropped counts displays left out for the caps.
+	DisplaysDropped int `json:"displays_dropped,omitempty"`
+	// Exception is a notebook cell's uncaught exception (its traceback is
+	// at the end of Stderr).
+	Exception *Exception `json:"exception,omitempty"`
+	// Kernel is set for notebook runs.
+	Kernel *KernelStatus `json:"kernel,omitempty"`
+}
+
+// Display is one Jupyter MIME bundle: MIME type to content, text as is and
+// images base64-encoded, as in the Jupyter messaging protocol. Only the
+// DisplayMIMETypes are kept.
+type Display struct {
+	// Kind is "result" (a cell's last expression, Jupyter's
+	// execute_result) or "display" (display_data: display(), figures).
+	Kind string            `json:"kind"`
+	Data map[string]string `json:"data"`
+}
+
+// Display kinds.
+const (
+	DisplayResult = sandbox.DisplayResult
+	DisplayData   = sandbox.DisplayData
+)
+
+// DisplayMIMETypes are the MIME types a Display may carry (kernel_shim.py
+// keeps the same list).
+var DisplayMIMETypes = []string{"text/plain", "text/html", "image/png", "image/jpeg"}
+
+// Exception is Jupyter's error content without the traceback.
+type Exception struct {
+	Name  string `json:"name"`
+	Value string `json:"value"`
+}
+
+// KernelStatus tells what happened to the notebook kernel in a run.
+type KernelStatus struct {
+	ExecutionCount int `json:"execution_count,omitempty"`
+	// Started is set when this run started a new kernel.
+	Started bool `json:"started,omitempty"`
+	// Lost says why this agent's previous kernel had gone (set with
+	// Started; "" when this agent never ran one).
+	Lost string `json:"lost,omitempty"`
+	// Ended says why the kernel ended during this run ("" when it lives on).
+	Ended string `json:"ended,omitempty"`
 }
 
 // MaxResponseBytes bounds what the client reads from the agent.
@@ -64,6 +126,11 @@ const (
 	// values are clamped so that both streams, base64-encoded, always fit in
 	// MaxResponseBytes.
 	MaxOutputLimit = 4 << 20
+	// MaxDisplays bounds a response's Displays.
+	MaxDisplays = 32
+	// MaxDisplayBytes bounds the JSON encoding of a response's Displays,
+	// so that they and both streams at MaxOutputLimit fit MaxResponseBytes.
+	MaxDisplayBytes = 3 << 20
 )
 
 // Languages the agent knows. The image decides which interpreters exist; a

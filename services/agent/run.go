@@ -34,7 +34,9 @@ type proc struct {
 // after the sweep.
 const killGraceWait = 2 * time.Second
 
-func (s *Server) execute(ctx context.Context, lang string, cmd Command, path string, timeout time.Duration, limit int) Response {
+// execute runs the code file at path; env, when set, is added to the run's
+// environment (the figure backend of Python runs).
+func (s *Server) execute(ctx context.Context, lang string, cmd Command, path string, env map[string]string, timeout time.Duration, limit int) Response {
 	stdin, err := os.Open(os.DevNull)
 	if err != nil {
 		return Response{ExitCode: -1, Error: "open /dev/null: " + err.Error()}
@@ -66,7 +68,7 @@ func (s *Server) execute(ctx context.Context, lang string, cmd Command, path str
 	var p *proc
 	usedZygote := false
 	if lang == LangPython && s.zyg != nil {
-		p, err = s.zyg.spawn(ctx, path, s.opts.WorkDir, stdin, outW, errW)
+		p, err = s.zyg.spawn(ctx, path, s.opts.WorkDir, env, stdin, outW, errW)
 		if err != nil {
 			s.logf("zygote unavailable, running python3 directly: %v", err)
 			p = nil
@@ -75,7 +77,7 @@ func (s *Server) execute(ctx context.Context, lang string, cmd Command, path str
 		}
 	}
 	if p == nil {
-		p, err = s.spawnDirect(lang, cmd, path, stdin, outW, errW)
+		p, err = s.spawnDirect(lang, cmd, path, withEnv(s.opts.Env, env), stdin, outW, errW)
 		if err != nil {
 			return Response{ExitCode: -1, Error: err.Error()}
 		}
@@ -139,15 +141,21 @@ func (s *Server) execute(ctx context.Context, lang string, cmd Command, path str
 	if se.data == nil {
 		se.data = []byte{}
 	}
+	var d displays
+	if env != nil {
+		collectFigures(filepath.Dir(path), &d)
+	}
 	return Response{
-		ExitCode:   o.exitCode,
-		Signal:     o.signal,
-		Stdout:     so.data,
-		Stderr:     se.data,
-		Truncated:  so.truncated || se.truncated,
-		TimedOut:   timedOut,
-		DurationMS: dur.Milliseconds(),
-		Zygote:     usedZygote,
+		Displays:        d.list,
+		DisplaysDropped: d.dropped,
+		ExitCode:        o.exitCode,
+		Signal:          o.signal,
+		Stdout:          so.data,
+		Stderr:          se.data,
+		Truncated:       so.truncated || se.truncated,
+		TimedOut:        timedOut,
+		DurationMS:      dur.Milliseconds(),
+		Zygote:          usedZygote,
 	}
 }
 
@@ -175,7 +183,7 @@ func drain(r io.Reader, limit int) ([]byte, bool) {
 }
 
 // spawnDirect starts the language's interpreter in a new session.
-func (s *Server) spawnDirect(lang string, cmd Command, path string, stdin, stdout, stderr *os.File) (*proc, error) {
+func (s *Server) spawnDirect(lang string, cmd Command, path string, env []string, stdin, stdout, stderr *os.File) (*proc, error) {
 	if len(cmd.Argv) == 0 {
 		return nil, fmt.Errorf("%s: no command configured", lang)
 	}
@@ -186,7 +194,7 @@ func (s *Server) spawnDirect(lang string, cmd Command, path string, stdin, stdou
 	c := &exec.Cmd{
 		Path:        bin,
 		Args:        append(append([]string{cmd.Argv[0]}, cmd.Argv[1:]...), path),
-		Env:         s.opts.Env,
+		Env:         env,
 		Dir:         s.opts.WorkDir,
 		Stdin:       stdin,
 		Stdout:      stdout,

@@ -105,6 +105,7 @@ type Server struct {
 	logMu sync.Mutex
 	runN  atomic.Int64
 	zyg   *zygoteManager // nil without zygote
+	nb    *notebook
 
 	jobsMu sync.Mutex
 	nJobs  int // live jobs, at most MaxJobs
@@ -175,6 +176,7 @@ func Serve(ctx context.Context, opts Options) error {
 	if s.zyg != nil {
 		s.zyg.shutdown()
 	}
+	s.nb.shutdown() // no run is left to use it
 	_ = os.Remove(opts.Socket)
 	return acceptErr
 }
@@ -212,6 +214,7 @@ func newServer(opts Options) (*Server, error) {
 		setDumpable(false)
 	}
 	s := &Server{opts: opts, mode: mode, log: opts.Log}
+	s.nb = &notebook{s: s}
 	if opts.Language == LangPython && !opts.NoZygote {
 		s.zyg = newZygoteManager(s)
 	}
@@ -325,6 +328,13 @@ func readRequest(r io.Reader) (Request, error) {
 	return req, err
 }
 
+// lineTooLongError is readLine's answer to a line over its limit.
+type lineTooLongError struct{ max int }
+
+func (e lineTooLongError) Error() string {
+	return fmt.Sprintf("bad request: longer than %d bytes", e.max)
+}
+
 // readLine reads one line of at most max bytes (without reading further
 // than its newline, beyond what br buffers). A final line without newline
 // is accepted at EOF.
@@ -334,7 +344,7 @@ func readLine(br *bufio.Reader, max int) ([]byte, error) {
 		chunk, err := br.ReadSlice('\n')
 		line = append(line, chunk...)
 		if len(line) > max {
-			return nil, fmt.Errorf("bad request: longer than %d bytes", max)
+			return nil, lineTooLongError{max}
 		}
 		if err == nil {
 			return line, nil
@@ -416,6 +426,15 @@ func (s *Server) run(ctx context.Context, req Request) Response {
 	case req.MaxOutputBytes < 0:
 		return Response{ExitCode: -1, Error: "max_output_bytes must not be negative"}
 	}
+	switch req.Mode {
+	case "", ModeFresh:
+	case ModeNotebook:
+		if lang != LangPython {
+			return Response{ExitCode: -1, Error: "notebook mode runs python only"}
+		}
+	default:
+		return Response{ExitCode: -1, Error: fmt.Sprintf("unknown mode %q", truncate(req.Mode, 40))}
+	}
 	timeout := time.Duration(req.TimeoutMS) * time.Millisecond
 	if timeout == 0 {
 		timeout = DefaultTimeoutMS * time.Millisecond
@@ -436,6 +455,9 @@ func (s *Server) run(ctx context.Context, req Request) Response {
 		return Response{ExitCode: -1, Error: "agent shutting down"}
 	}
 	defer func() { <-runSem }()
+	if req.Mode == ModeNotebook {
+		return s.notebookRun(ctx, req, timeout, limit)
+	}
 
 	dir := filepath.Join(s.opts.TmpDir, fmt.Sprintf("run-%d-%d", os.Getpid(), s.runN.Add(1)))
 	if err := os.Mkdir(dir, 0o700); err != nil {
@@ -446,5 +468,14 @@ func (s *Server) run(ctx context.Context, req Request) Response {
 	if err := os.WriteFile(path, []byte(req.Code), 0o600); err != nil {
 		return Response{ExitCode: -1, Error: "write code: " + err.Error()}
 	}
-	return s.execute(ctx, lang, cmd, path, timeout, limit)
+	var env map[string]string
+	if lang == LangPython {
+		var err error
+		if env, err = prepareFigures(dir); err != nil {
+			s.logf("figures: %v", err)
+		}
+	}
+	resp := s.execute(ctx, lang, cmd, path, env, timeout, limit)
+	s.nb.freeze()
+	return resp
 }

@@ -20,12 +20,12 @@ const (
 	// docker-init) and does not run as root; otherwise SweepDescendants.
 	SweepAuto SweepMode = iota
 	// SweepContainer kills every process the agent may signal except
-	// itself, PID 1 and its zygote(s). Only meaningful inside a sandbox
+	// itself, PID 1, its zygote(s) and its notebook kernel. Only meaningful inside a sandbox
 	// container's PID namespace; Serve refuses it when the agent is neither
 	// PID 1 nor a child of PID 1, or runs as root.
 	SweepContainer
 	// SweepDescendants kills only the agent's descendants (except its
-	// zygotes). The agent makes itself a child subreaper so that
+	// zygotes and notebook kernel). The agent makes itself a child subreaper so that
 	// setsid/double-fork daemons stay its descendants. Used by tests and
 	// when the agent runs on a normal host.
 	SweepDescendants
@@ -94,11 +94,15 @@ func resolveSweepMode(m SweepMode) (SweepMode, error) {
 // jobSessions holds the session IDs of live jobs (a job leader starts its
 // own session, so the ID is also its pid): the post-run sweep spares every
 // process in those sessions and all their descendants.
+//
+// notebookProcs holds the pids of the live notebook kernel and its client
+// (see kernel.go): the sweep spares them, but not their children.
 var (
-	spawnMu     sync.Mutex
-	protected   = map[int]bool{}
-	managed     = map[int]bool{}
-	jobSessions = map[int]bool{}
+	spawnMu       sync.Mutex
+	protected     = map[int]bool{}
+	managed       = map[int]bool{}
+	jobSessions   = map[int]bool{}
+	notebookProcs = map[int]bool{}
 )
 
 // runSem serialises runs (and with them sweeps) across all Servers of the
@@ -412,7 +416,7 @@ func sweepWith(procRoot string, sel func(procs []procInfo, self int) ([]procInfo
 		quiet = misses == 0 && !dangling
 		seen := make(map[procKey]bool, len(targets))
 		for _, p := range targets {
-			if protected[p.pid] || spareOfZygote(p) {
+			if protected[p.pid] || notebookProcs[p.pid] || spareOfZygote(p) {
 				continue
 			}
 			k := procKey{p.pid, p.start}

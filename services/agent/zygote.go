@@ -297,7 +297,7 @@ func (m *zygoteManager) get(ctx context.Context) (*zygote, error) {
 // spawn asks the zygote to fork a child running path with the given stdio.
 // Any failure discards the zygote (a replacement starts in the background)
 // and is returned so that the caller falls back to a direct spawn.
-func (m *zygoteManager) spawn(ctx context.Context, path, cwd string, stdin, stdout, stderr *os.File) (*proc, error) {
+func (m *zygoteManager) spawn(ctx context.Context, path, cwd string, env map[string]string, stdin, stdout, stderr *os.File) (*proc, error) {
 	z, err := m.get(ctx)
 	if err != nil {
 		return nil, err
@@ -308,7 +308,7 @@ func (m *zygoteManager) spawn(ctx context.Context, path, cwd string, stdin, stdo
 		return nil, errors.New("zygote exited")
 	default:
 	}
-	msg, _ := json.Marshal(map[string]string{"path": path, "cwd": cwd})
+	msg, _ := json.Marshal(map[string]any{"path": path, "cwd": cwd, "env": env})
 	rights := syscall.UnixRights(int(stdin.Fd()), int(stdout.Fd()), int(stderr.Fd()))
 	_ = z.conn.SetDeadline(time.Now().Add(zygoteReplyTimeout))
 	if _, _, err := z.conn.WriteMsgUnix(msg, rights, nil); err != nil {

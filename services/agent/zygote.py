@@ -10,7 +10,8 @@
 # single JSON objects, one per packet:
 #
 #   zygote -> agent  {"ready": true, "pid": N, "preloaded": [...]}
-#   agent  -> zygote {"path": "/tmp/run-1/main.py", "cwd": "/mnt/data"}
+#   agent  -> zygote {"path": "/tmp/run-1/main.py", "cwd": "/mnt/data",
+#                     "env": {"MPLBACKEND": ..., "PYTHONPATH": ...} | null}
 #                    + SCM_RIGHTS [stdin, stdout, stderr]
 #   zygote -> agent  {"pid": CHILD}            (or {"error": "..."})
 #   zygote -> agent  {"pid": CHILD, "exit": CODE} | {"pid": CHILD, "signal": SIG}
@@ -133,6 +134,7 @@ def _spare(chan, zygote_pid):
         req = json.loads(msg)
         path = req["path"]
         cwd = req["cwd"]
+        env = req.get("env") or {}
     except Exception:
         os._exit(0)
     # The zygote's own SIGCONT (it wakes a stopped spare) is expected.
@@ -186,6 +188,8 @@ def _spare(chan, zygote_pid):
             pass
     sys.argv = [path]
     sys.path[0] = os.path.dirname(path)
+    if env:
+        _use_env(env)
     import runpy
     import traceback
 
@@ -201,6 +205,43 @@ def _spare(chan, zygote_pid):
         traceback.print_exception(type(e), e, t if t is not None else tb)
         return 1
     return 0
+
+
+def _use_env(env):
+    """Applies the run's own variables as a fresh interpreter would have
+    read them at start: the figure backend (see figures.py) and the
+    PYTHONPATH entry that holds it."""
+    os.environ.update(env)
+    lib = env.get("PYTHONPATH")
+    if lib:
+        sys.path.insert(1, lib)
+    mpl = sys.modules.get("matplotlib")
+    backend = env.get("MPLBACKEND")
+    if mpl is None or not backend:
+        return
+    try:
+        # The preload chose Agg but left pyplot's backend unresolved, so
+        # the first figure loads this one.
+        mpl.rcParams["backend"] = backend
+    except Exception:
+        return
+    import atexit
+
+    atexit.register(_save_open_figures)
+
+
+def _save_open_figures():
+    # Figures left open under a backend the run chose itself (say
+    # matplotlib.use("Agg")) come back too.
+    plt = sys.modules.get("matplotlib.pyplot")
+    if plt is None or not plt.get_fignums():
+        return
+    try:
+        import sandbox_figures
+
+        sandbox_figures.save_open_figures()
+    except Exception:
+        pass
 
 
 # The run's end of its status channel: _finish reports the exit status on

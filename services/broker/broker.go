@@ -10,7 +10,6 @@ import (
 	"io"
 	"os"
 	"path/filepath"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -172,7 +171,7 @@ func New(ctx context.Context, cfg config.Config, opts Options) (b *Broker, err e
 		}
 		return b.sandboxes.Active()
 	})
-	b.checks = []check{{"audit_log", b.audit.Ping}, {"state_store", b.quota.Ping}}
+	b.checks = []check{{"audit_log", b.audit.Ping}, {"state_store", b.quota.Ping}, {"storage", storageCheck(cfg.Root)}}
 	if err := b.openOAuth(ctx, cfg); err != nil {
 		return nil, fmt.Errorf("oauth: %w", err)
 	}
@@ -194,12 +193,7 @@ func New(ctx context.Context, cfg config.Config, opts Options) (b *Broker, err e
 		Jobs: runs, Projects: &tools.Projects{Manager: b.projects, Runs: runs, BuildWait: time.Duration(cfg.BuildWaitS) * time.Second, Redact: b.redactor.String},
 		GitHub: gh, SessionFiles: sf, Tasks: tasks}
 	group := tools.DefaultGroup(deps)
-	if tasks == nil { // no model key: the agent toolset is not offered
-		if slices.Contains(cfg.Toolsets, tools.ToolsetAgent) {
-			return nil, fmt.Errorf("MCP_TOOLSETS: the %s toolset needs ANTHROPIC_API_KEY or AGENT_KEYS_FILE", tools.ToolsetAgent)
-		}
-		group.Drop(tools.ToolsetAgent)
-	}
+	b.markUnconfigured(group, cfg, tasks)
 	if b.tools, err = group.Enable(cfg.Toolsets, cfg.ReadOnly); err != nil {
 		return nil, err
 	}

@@ -46,13 +46,15 @@ func (e *egressQuotas) get(key string, maxConns int, maxBytes int64) *egress.Quo
 
 // egressFor returns an execution's egress proxy for policy. It resolves
 // and dials from the broker's host, re-checking every address it connects
-// to against the blocked ranges; its caps are the session's.
-func (b *Broker) egressFor(principal, sessionKey string, policy egress.Policy) (func(net.Listener), error) {
+// to against the blocked ranges; its caps are the session's. Each verdict
+// goes to onDecision (the job records refusals for the model).
+func (b *Broker) egressFor(principal, sessionKey string, policy egress.Policy, onDecision func(egress.Decision)) (func(net.Listener), error) {
 	log := logging.Component(b.log, "egress").With().Str("principal", principal).Str("workspace", sessionKey).Logger()
 	p, err := egress.New(egress.Options{
-		Policy: policy,
-		Quota:  b.egress.get(sessionKey, b.cfg.EgressMaxConns, b.cfg.EgressMaxMB<<20),
-		Log:    log,
+		Policy:     policy,
+		Quota:      b.egress.get(sessionKey, b.cfg.EgressMaxConns, b.cfg.EgressMaxMB<<20),
+		Log:        log,
+		OnDecision: onDecision,
 	})
 	if err != nil {
 		return nil, err

@@ -55,7 +55,7 @@ func (b *Broker) openSigner(cfg config.Config) ([]string, error) {
 
 // openEngine starts the sandbox backend, the session and job stores and
 // the project provider. A missing backend is not fatal: the broker serves
-// its other tools, sandbox tools answer UNAVAILABLE, and /readyz reports
+// its other tools, the sandbox tools are not listed, and /readyz reports
 // the backend as failing.
 func (b *Broker) openEngine(ctx context.Context, cfg config.Config) error {
 	if cfg.Backend == "none" { // hosted project sandboxes still work
@@ -71,7 +71,7 @@ func (b *Broker) openEngine(ctx context.Context, cfg config.Config) error {
 	b.slots = sandbox.NewSlots(cfg.MaxContainers)
 	eng, dockerOK, err := b.openBackend(ctx, cfg, agentBin)
 	if err != nil {
-		b.log.Error().Str("backend", cfg.Backend).Str("cause", b.redactor.Message(err.Error(), 300)).Msg("sandbox_backend_unavailable")
+		b.log.Error().Str("backend", cfg.Backend).Str("cause", causeText(b.redactor, err, 300)).Msg("sandbox_backend_unavailable")
 		b.checks = append(b.checks, check{"sandbox_backend", func(context.Context) error { return err }})
 		return b.openProjects(ctx, cfg, agentBin, false)
 	}
@@ -165,7 +165,7 @@ func (b *Broker) openBackend(ctx context.Context, cfg config.Config, agentBin st
 		if cfg.Backend == "docker" {
 			return nil, false, err
 		}
-		b.log.Warn().Str("cause", b.redactor.Message(err.Error(), 200)).Msg("docker_unavailable_using_process_backend")
+		b.log.Warn().Str("cause", causeText(b.redactor, err, 300)).Msg("docker_unavailable_using_process_backend")
 	}
 	eng, err := process.New(ctx, process.Options{
 		Root:        cfg.Root,
@@ -232,17 +232,18 @@ func (b *Broker) reserveSandbox(ctx context.Context, principal string) error {
 
 func (b *Broker) engine(cfg config.Config) *tools.Engine {
 	e := &tools.Engine{URLs: b.signer, Exec: b.quota, Limits: b.limits, Redact: b.redactor.String, Metrics: b.sandboxMetrics,
-		DefaultTimeout: time.Duration(cfg.TimeoutS) * time.Second, MaxTimeout: time.Duration(cfg.MaxTimeoutS) * time.Second}
+		DefaultTimeout: time.Duration(cfg.TimeoutS) * time.Second, MaxTimeout: time.Duration(cfg.MaxTimeoutS) * time.Second,
+		MaxLinkBytes: linkCap(cfg)}
 	if b.sandboxes != nil {
 		e.Sessions, e.Backend = b.sandboxes, b.backend
 	}
 	return e
 }
 
-// filesHandler serves signed downloads under /files/.
+// filesHandler serves signed downloads and uploads under /files/.
 func (b *Broker) filesHandler() *files.Handler {
 	log := logging.Component(b.log, "files")
-	return &files.Handler{Signer: b.signer, Root: b.cfg.Root, Log: func(event string, kv ...any) {
+	h := &files.Handler{Signer: b.signer, Root: b.cfg.Root, Log: func(event string, kv ...any) {
 		var ev *zerolog.Event
 		if event == "files.denied" { // anyone can cause these: throttled
 			ev = b.refusalLog(event, log.Info)
@@ -254,6 +255,19 @@ func (b *Broker) filesHandler() *files.Handler {
 		}
 		ev.Msg(strings.ReplaceAll(event, ".", "_"))
 	}}
+	h.Limits = workspace.Limits{MaxFiles: b.cfg.MaxFiles, MaxBytes: b.cfg.MaxWorkspaceMB << 20}
+	h.MaxFileBytes = linkCap(b.cfg)
+	h.UploadGrace, h.UploadMinRate = time.Duration(b.cfg.BodyTimeoutS)*time.Second, b.cfg.FileUploadMinKBps<<10
+	h.Audit = b.auditUpload
+	return h
+}
+
+// linkCap is FILE_URL_MAX_MB, or the workspace quota when unset.
+func linkCap(cfg config.Config) int64 {
+	if cfg.FileURLMaxMB > 0 {
+		return cfg.FileURLMaxMB << 20
+	}
+	return cfg.MaxWorkspaceMB << 20
 }
 
 func instanceID() string {
@@ -263,8 +277,8 @@ func instanceID() string {
 }
 
 // openProjects picks the project provider: CodeSandbox with CSB_API_KEY,
-// else the local Docker engine; with neither, the project tools answer
-// UNAVAILABLE.
+// else the local Docker engine; with neither, the project tools are not
+// listed.
 func (b *Broker) openProjects(ctx context.Context, cfg config.Config, agentBin string, dockerOK bool) error {
 	var p projects.Provider
 	var err error
@@ -293,7 +307,7 @@ func (b *Broker) openProjects(ctx context.Context, cfg config.Config, agentBin s
 		return nil
 	}
 	if err != nil {
-		b.log.Error().Str("cause", b.redactor.Message(err.Error(), 300)).Msg("project_provider_unavailable")
+		b.log.Error().Str("cause", causeText(b.redactor, err, 300)).Msg("project_provider_unavailable")
 		b.checks = append(b.checks, check{"projects", func(context.Context) error { return err }})
 		return nil
 	}

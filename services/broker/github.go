@@ -100,7 +100,7 @@ func (b *Broker) githubDetails() map[string]string {
 }
 
 // githubDeps returns the GitHub tools' dependencies (nil interfaces when
-// no allow-list is configured, so the tools answer UNAVAILABLE).
+// no allow-list is configured; the tools are then not listed).
 func (b *Broker) githubDeps() (tools.GitHubCommitter, tools.SessionFiles) {
 	var sf tools.SessionFiles
 	if b.sandboxes != nil {

@@ -3,8 +3,11 @@ package broker
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"sync"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/mark3labs/mcp-go/mcp"
 	"github.com/mark3labs/mcp-go/server"
@@ -56,6 +59,28 @@ func (b *Broker) Health(ctx context.Context) Health {
 	h := b.checkHealth(ctx)
 	b.health.at, b.health.last = time.Now(), h
 	return h
+}
+
+// minFreeBytes is the free space SANDBOX_ROOT needs to be ready: with
+// less, writes start to fail (the audit log's first) and calls are
+// refused.
+const minFreeBytes = 16 << 20
+
+// storageCheck fails while the filesystem holding root is (nearly) full.
+func storageCheck(root string) func(context.Context) error {
+	return func(context.Context) error {
+		var st unix.Statfs_t
+		if err := unix.Statfs(root, &st); err != nil {
+			return err
+		}
+		if free := st.Bavail * uint64(st.Bsize); free < minFreeBytes {
+			return fmt.Errorf("SANDBOX_ROOT has %d bytes free", free)
+		}
+		if st.Files > 0 && st.Ffree < 64 {
+			return fmt.Errorf("SANDBOX_ROOT has %d inodes free", st.Ffree)
+		}
+		return nil
+	}
 }
 
 func (b *Broker) checkHealth(ctx context.Context) Health {

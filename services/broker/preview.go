@@ -258,13 +258,10 @@ func (b *Broker) previewHandler(ps projects.PreviewServer) http.Handler {
 func (b *Broker) previewLink(id string) (string, error) {
 	site := b.preview.Load()
 	if site == nil {
-		msg := b.previewOff
-		if msg == "" {
-			msg = "this broker serves no previews yet: its preview listener is not up"
+		if b.previewOff != "" {
+			return "", brokererr.New(brokererr.NotConfigured, "%s", b.previewOff)
 		}
-		e := brokererr.New(brokererr.Unavailable, "%s", msg)
-		e.Retryable = false
-		return "", e
+		return "", brokererr.New(brokererr.Unavailable, "this broker serves no previews yet: its preview listener is not up")
 	}
 	s := *b.signer
 	s.BaseURL = site.origin(id)

@@ -1,6 +1,14 @@
 // Package brokererr defines the structured errors that tools return to the
 // model. Only errors of type *Error carry a message out of the server; any
 // other error becomes INTERNAL_ERROR with no detail.
+//
+// Retryable tells the model whether sending the same call again, unchanged,
+// can succeed without anyone changing the broker's configuration, the
+// call's input or the caller's files. So: a rate or quota window that
+// refills is retryable (WithRetryAfter says when); a dependency that is
+// briefly down (UNAVAILABLE) is retryable; a service the operator has not
+// configured (NOT_CONFIGURED), a full workspace or bad input is not, and
+// NotRetryable marks an UNAVAILABLE that waiting will not cure.
 package brokererr
 
 import (
@@ -34,6 +42,9 @@ const (
 	FileNotFound    = Code("FILE_NOT_FOUND")
 	UnknownLanguage = Code("UNKNOWN_LANGUAGE")
 	Conflict        = Code("CONFLICT")
+	// NotConfigured: the broker is not set up for this (no backend, no
+	// provider, no allow-list); only the operator can change that.
+	NotConfigured = Code("NOT_CONFIGURED")
 )
 
 // Codes lists every code, for docs and tests.
@@ -41,13 +52,14 @@ var Codes = []Code{
 	InvalidInput, RateLimitExceeded, QuotaExceeded, PermissionDenied, PathTraversal,
 	FileSizeExceeded, SandboxNotFound, SandboxTimeout, InvalidRepo, InvalidBranch,
 	GitHubAuthFailed, TokenExpired, InternalError,
-	Unauthenticated, Unavailable, FileExists, FileNotFound, UnknownLanguage, Conflict,
+	Unauthenticated, Unavailable, FileExists, FileNotFound, UnknownLanguage, Conflict, NotConfigured,
 }
 
 // retryableByDefault marks codes where the same call may succeed later.
+// QUOTA_EXCEEDED is not among them: only a windowed quota refills, and its
+// error says when with WithRetryAfter; a full workspace stays full.
 var retryableByDefault = map[Code]bool{
 	RateLimitExceeded: true,
-	QuotaExceeded:     true,
 	SandboxTimeout:    true,
 	Unavailable:       true,
 }
@@ -94,6 +106,14 @@ func Wrap(cause error, code Code, format string, args ...any) *Error {
 func (e *Error) WithRetryAfter(d time.Duration) *Error {
 	e.Retryable = true
 	e.RetryAfter = d
+	return e
+}
+
+// NotRetryable marks an error that the same call cannot get past by
+// waiting (the sandbox's own program failed, say).
+func (e *Error) NotRetryable() *Error {
+	e.Retryable = false
+	e.RetryAfter = 0
 	return e
 }
 

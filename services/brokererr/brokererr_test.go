@@ -30,8 +30,7 @@ func TestCodesAreUpperSnakeAndUnique(t *testing.T) {
 
 func TestNewRetryability(t *testing.T) {
 	retryable := map[brokererr.Code]bool{
-		brokererr.RateLimitExceeded: true, brokererr.QuotaExceeded: true,
-		brokererr.SandboxTimeout: true, brokererr.Unavailable: true,
+		brokererr.RateLimitExceeded: true, brokererr.SandboxTimeout: true, brokererr.Unavailable: true,
 	}
 	for _, c := range brokererr.Codes {
 		e := brokererr.New(c, "n=%d", 3)
@@ -45,6 +44,19 @@ func TestNewRetryability(t *testing.T) {
 	e := brokererr.New(brokererr.InvalidInput, "x").WithRetryAfter(1500 * time.Millisecond)
 	if !e.Retryable || e.RetryAfter != 1500*time.Millisecond {
 		t.Errorf("WithRetryAfter: %#v", e)
+	}
+	// A quota is retryable only when its window refills.
+	if e := brokererr.New(brokererr.QuotaExceeded, "workspace is full"); e.Retryable {
+		t.Error("a full workspace is not retryable")
+	}
+	if e := brokererr.New(brokererr.QuotaExceeded, "daily time used up").WithRetryAfter(time.Hour); !e.Retryable {
+		t.Error("a windowed quota is retryable")
+	}
+	if e := brokererr.New(brokererr.NotConfigured, "GitHub is not configured"); e.Retryable {
+		t.Error("NOT_CONFIGURED is not retryable")
+	}
+	if e := brokererr.New(brokererr.Unavailable, "the app exited").WithRetryAfter(time.Second).NotRetryable(); e.Retryable || e.RetryAfter != 0 {
+		t.Errorf("NotRetryable: %#v", e)
 	}
 }
 

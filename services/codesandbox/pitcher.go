@@ -115,7 +115,12 @@ type Pitcher struct {
 	shells  map[string]*shellRun
 	err     error // why the connection ended
 
-	lastRecv atomic.Int64 // unix nanos of the last incoming frame
+	// born and lastRecv measure silence on the monotonic clock: lastRecv
+	// is the time since born of the last incoming frame. (Wall-clock
+	// nanos would let a clock step drop a live connection or hide a dead
+	// one for as long as the step.)
+	born     time.Time
+	lastRecv atomic.Int64
 	done     chan struct{}
 	stop     context.CancelFunc
 	wg       sync.WaitGroup
@@ -210,8 +215,8 @@ func DialPitcher(ctx context.Context, pitcherURL string, token Secret, o Pitcher
 		// Watched from the start: the agent may report progress as soon
 		// as the client has joined, before setup/get is even sent.
 		setupCh: make(chan SetupProgress, 1),
+		born:    time.Now(),
 	}
-	p.lastRecv.Store(time.Now().UnixNano())
 	p.wg.Add(2)
 	go p.readLoop(lctx)
 	go p.heartbeat(lctx)
@@ -454,7 +459,7 @@ func (p *Pitcher) readLoop(ctx context.Context) {
 			p.shutdown(err)
 			return
 		}
-		p.lastRecv.Store(time.Now().UnixNano())
+		p.lastRecv.Store(int64(time.Since(p.born)))
 		if typ != websocket.MessageBinary {
 			continue
 		}
@@ -550,7 +555,7 @@ func (p *Pitcher) heartbeat(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		idle := time.Since(time.Unix(0, p.lastRecv.Load()))
+		idle := time.Since(p.born) - time.Duration(p.lastRecv.Load())
 		if idle >= p.o.PongTimeout {
 			p.log.Warn().Int64("idle_ms", idle.Milliseconds()).Msg("pitcher_heartbeat_timeout")
 			p.shutdown(errors.New("sandbox agent stopped answering"))

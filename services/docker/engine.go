@@ -126,10 +126,13 @@ type Engine struct {
 	closed   bool
 
 	pools  map[string]*pool
+	live   map[string]*ctr // started containers by Docker ID (see watch)
 	ctx    context.Context // cancelled by Close
 	cancel context.CancelFunc
 	bg     sync.WaitGroup // pool fillers and background removals
 	st     stats
+
+	kernels sandbox.KernelLedgers // by workspace ID
 }
 
 type runnerImage struct {
@@ -207,6 +210,7 @@ func New(ctx context.Context, o Options) (*Engine, error) {
 		seco:     SeccompProfileJSON(o.Runtime),
 		dataLink: map[string]bool{},
 		pools:    map[string]*pool{},
+		live:     map[string]*ctr{},
 	}
 	e.ctx, e.cancel = context.WithCancel(context.WithoutCancel(ctx))
 	if err := e.checkRuntime(ctx); err != nil {
@@ -221,6 +225,8 @@ func New(ctx context.Context, o Options) (*Engine, error) {
 		_ = cli.Close()
 		return nil, err
 	}
+	e.bg.Add(1)
+	go e.watch()
 	if o.PoolSize > 0 {
 		e.mu.Lock()
 		for lang := range e.runners {
@@ -423,14 +429,39 @@ type ctr struct {
 	// released nor replaced after a run (only Destroy, a lost agent or the
 	// quota watcher end it).
 	jobs atomic.Int32
-	// gone is set when a job's quota watcher removed the container; the
-	// session drops it on its next use.
+	// gone is set when a job's quota watcher removed the container or the
+	// container died; the session drops it on its next use.
 	gone atomic.Bool
 	// Under gVisor: monitor lists the sandbox's sessions, and sessions is
 	// what the last stray check found (see sessionsBefore), guarded by the
 	// owning session's mu.
 	monitor  *sessionMonitor
-	sessions map[int]bool
+	sessions map[int][]int
+	// died is closed when the watcher learns the container died.
+	died     chan struct{}
+	diedOnce sync.Once
+	// kernelSID is the host session ID of its notebook kernel (see
+	// agent.Strays); guarded by the owning session's mu.
+	kernelSID int
+}
+
+// markDied records that the container is dead.
+func (c *ctr) markDied() {
+	c.gone.Store(true)
+	c.diedOnce.Do(func() { close(c.died) })
+}
+
+// untilDied is ctx with a timeout that also ends when c dies.
+func (c *ctr) untilDied(ctx context.Context, timeout time.Duration) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	go func() {
+		select {
+		case <-c.died:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	return ctx, cancel
 }
 
 func (c *ctr) socket() string { return filepath.Join(c.runDir, agent.SocketName) }
@@ -585,7 +616,7 @@ func (e *Engine) dataIsLink(ctx context.Context, r runnerImage) bool {
 // mounted, running as uid, in slot (which it releases if it fails), and
 // waits for its agent.
 func (e *Engine) startContainer(ctx context.Context, r runnerImage, workspaceDir, workspaceLabel string, uid int, slot *sandbox.Slot) (*ctr, error) {
-	c := &ctr{id: newID(), lang: r.Language, img: r.ID, uid: uid, slot: slot}
+	c := &ctr{id: newID(), lang: r.Language, img: r.ID, uid: uid, slot: slot, died: make(chan struct{})}
 	c.runDir = filepath.Join(e.o.Root, "run", c.id)
 	if err := prepareDir(c.runDir, uid); err != nil {
 		slot.Release()
@@ -609,6 +640,7 @@ func (e *Engine) startContainer(ctx context.Context, r runnerImage, workspaceDir
 		return nil, brokererr.Wrap(err, brokererr.Unavailable, "cannot create a %s sandbox", r.Language)
 	}
 	c.dockerID = resp.ID
+	e.track(c)
 	fail := func(err error) (*ctr, error) {
 		_ = e.removeContainer(ctx, c)
 		return nil, err
@@ -616,7 +648,8 @@ func (e *Engine) startContainer(ctx context.Context, r runnerImage, workspaceDir
 	if err := e.cli.ContainerStart(ctx, c.dockerID, container.StartOptions{}); err != nil {
 		return fail(brokererr.Wrap(err, brokererr.Unavailable, "cannot start a %s sandbox", r.Language))
 	}
-	rctx, cancel := context.WithTimeout(ctx, e.o.ReadyTimeout)
+	// Waits end early if the container dies (see watch).
+	rctx, cancel := c.untilDied(ctx, e.o.ReadyTimeout)
 	err = agentWaitReady(rctx, c.socket())
 	cancel()
 	if err != nil {
@@ -631,11 +664,14 @@ func (e *Engine) startContainer(ctx context.Context, r runnerImage, workspaceDir
 		// Runs need the zygote in place: it must exist before a run's
 		// session snapshot (see hasStrays), and a new session's first run
 		// then pays no import cost.
-		wctx, cancel := context.WithTimeout(ctx, e.o.ReadyTimeout)
+		wctx, cancel := c.untilDied(ctx, e.o.ReadyTimeout)
 		if err := agent.WaitWarm(wctx, c.socket()); err != nil {
 			e.log.Warn().Str("container", shortID(c.dockerID)).Msg("zygote_not_warm")
 		}
 		cancel()
+	}
+	if c.gone.Load() {
+		return fail(brokererr.New(brokererr.Unavailable, "the %s sandbox stopped while starting", r.Language))
 	}
 	if e.o.Runtime == RuntimeRunsc {
 		m, err := e.startSessionMonitor(ctx, c)
@@ -655,11 +691,17 @@ func (e *Engine) removeContainer(ctx context.Context, c *ctr) error {
 	c.monitor.close()
 	var err error
 	if c.dockerID != "" {
+		e.untrack(c)
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), removeTimeout)
 		err = e.cli.ContainerRemove(rctx, c.dockerID, container.RemoveOptions{Force: true, RemoveVolumes: true})
 		cancel()
 		if isNotFound(err) {
 			err = nil
+		}
+		if err != nil {
+			// The daemon is away: the watcher removes c once it is back.
+			c.gone.Store(true)
+			e.track(c)
 		}
 	}
 	_ = os.RemoveAll(c.runDir)
@@ -709,11 +751,11 @@ func (e *Engine) oomKills(c *ctr) int64 {
 	return -1
 }
 
-// sessions returns the session IDs of every thread in the container, read
-// from the host's /proc (nil when it cannot tell). Threads, not processes:
-// cgroup.procs omits a process whose leader thread exited while its other
-// threads run on.
-func (e *Engine) sessions(c *ctr) map[int]bool {
+// sessions maps the session ID of every live thread in the container to
+// its threads, read from the host's /proc (nil when it cannot tell).
+// Threads, not processes: cgroup.procs omits a process whose leader thread
+// exited while its other threads run on.
+func (e *Engine) sessions(c *ctr) map[int][]int {
 	b, err := os.ReadFile(filepath.Join(cgroupRoot, "pids", "docker", c.dockerID, "tasks"))
 	if err != nil {
 		return nil
@@ -724,10 +766,10 @@ func (e *Engine) sessions(c *ctr) map[int]bool {
 			pids = append(pids, tid)
 		}
 	}
-	out := make(map[int]bool, len(pids))
+	out := make(map[int][]int, len(pids))
 	for _, pid := range pids {
 		if sid, ok := liveSessionID(pid); ok {
-			out[sid] = true
+			out[sid] = append(out[sid], pid)
 		}
 	}
 	return out

@@ -191,9 +191,19 @@ func (m *sessionMonitor) close() {
 }
 
 // sandboxSessions asks c's monitor; a container without one cannot tell.
-func (e *Engine) sandboxSessions(c *ctr) (map[int]bool, error) {
+// The monitor names sessions only, so their thread lists are empty (see
+// agent.Strays: a kernel session's threads are not checked under gVisor).
+func (e *Engine) sandboxSessions(c *ctr) (map[int][]int, error) {
 	if c.monitor == nil {
 		return nil, errors.New("no session monitor")
 	}
-	return c.monitor.sessions()
+	ids, err := c.monitor.sessions()
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[int][]int, len(ids))
+	for id := range ids {
+		out[id] = nil
+	}
+	return out, nil
 }

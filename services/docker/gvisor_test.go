@@ -34,7 +34,8 @@ func TestRunscArgsChecked(t *testing.T) {
 // the engine at start, not at the first sandbox.
 func TestUnregisteredRuntimeRefused(t *testing.T) {
 	needDocker(t)
-	_, err := New(context.Background(), Options{Root: t.TempDir(), AgentBinary: agentBinary, Runtime: "no-such-runtime"})
+	root := t.TempDir()
+	_, err := New(context.Background(), Options{Root: root, AgentBinary: agentBinary, Runtime: "no-such-runtime", UIDs: newUIDs(t, root)})
 	if err == nil || !strings.Contains(err.Error(), "no runtime of that name") {
 		t.Fatalf("New: %v", err)
 	}

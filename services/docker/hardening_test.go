@@ -394,36 +394,6 @@ func testHardStop(t *testing.T, rt string) {
 	})
 }
 
-// TestAgentDeadUnavailable: a dead agent gives UNAVAILABLE, and the next
-// Exec recreates the container.
-func TestAgentDeadUnavailable(t *testing.T) { forRuntimes(t, testAgentDeadUnavailable) }
-
-func testAgentDeadUnavailable(t *testing.T, rt string) {
-	e := newEngine(t, func(o *Options) { o.Runtime = rt })
-	needRunner(t, e, "python")
-	s, err := e.Open(context.Background(), newRef(e))
-	if err != nil {
-		t.Fatal(err)
-	}
-	exec1(t, s, "python", "pass", 20*time.Second)
-	c := sessionContainer(t, s)
-	if err := e.cli.ContainerKill(context.Background(), c.dockerID, "SIGKILL"); err != nil {
-		t.Fatal(err)
-	}
-	waitFor(t, 10*time.Second, "container stopped", func() bool {
-		ins, err := e.cli.ContainerInspect(context.Background(), c.dockerID)
-		return err == nil && !ins.State.Running
-	})
-	_, err = s.Exec(context.Background(), sandbox.ExecRequest{Language: "python", Code: "pass", Timeout: 5 * time.Second})
-	if brokererr.CodeOf(err) != brokererr.Unavailable {
-		t.Fatalf("err = %v, want UNAVAILABLE", err)
-	}
-	res := exec1(t, s, "python", "print('back')", 20*time.Second)
-	if strings.TrimSpace(string(res.Stdout)) != "back" {
-		t.Fatalf("not recreated: %+v", res)
-	}
-}
-
 func TestUnknownLanguage(t *testing.T) {
 	e := newEngine(t, nil)
 	s, err := e.Open(context.Background(), newRef(e))

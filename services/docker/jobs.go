@@ -27,9 +27,6 @@ var _ sandbox.JobRunner = (*Session)(nil)
 // command's environment does not depend on what the session ran before.
 var jobLanguages = []string{agent.LangPython, agent.LangBash, agent.LangNode, agent.LangTypeScript, agent.LangJavaScript}
 
-// maxSocketPath is sun_path's capacity minus its NUL.
-const maxSocketPath = 107
-
 // StartJob implements sandbox.JobRunner: spec runs as `bash -c` beside
 // run_code in the session's container (see jobLanguages). While it runs,
 // the container is not released (Release refuses) nor replaced after a
@@ -50,17 +47,32 @@ func (s *Session) StartJob(ctx context.Context, spec sandbox.JobSpec, sink sandb
 	}
 	sort.Strings(env)
 
-	e := s.e
+	req := agent.JobRequest{
+		Command:     spec.Command,
+		Env:         env,
+		TimeoutMS:   max(timeout.Milliseconds(), 1),
+		Interactive: spec.Interactive,
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.destroyed {
 		return nil, brokererr.New(brokererr.SandboxNotFound, "the sandbox was destroyed")
 	}
-	wd, err := s.jobWorkDir(spec.WorkDir)
-	if err != nil {
-		return nil, err
+	for attempt := 0; ; attempt++ {
+		j, err := s.startJobLocked(ctx, spec, req, sink)
+		if retryOnNewContainer(ctx, attempt, err) {
+			continue
+		}
+		return j, err
 	}
-	// The container first: a claim replaces the workspace directory.
+}
+
+// startJobLocked starts req once in the session's container. Caller holds
+// s.mu.
+func (s *Session) startJobLocked(ctx context.Context, spec sandbox.JobSpec, req agent.JobRequest, sink sandbox.JobSink) (sandbox.Job, error) {
+	e := s.e
+	// The container first: claiming a pooled one renames its directory
+	// onto the workspace path, which the workspace handle must then see.
 	c, err := s.jobContainerLocked(ctx, spec.Language)
 	if err != nil {
 		return nil, err
@@ -75,6 +87,9 @@ func (s *Session) StartJob(ctx context.Context, spec sandbox.JobSpec, sink sandb
 			w.Close()
 		}
 	}()
+	if req.WorkDir, err = s.jobWorkDir(spec.WorkDir); err != nil {
+		return nil, err
+	}
 	before, err := w.Snapshot()
 	if err != nil {
 		return nil, err
@@ -91,13 +106,6 @@ func (s *Session) StartJob(ctx context.Context, spec sandbox.JobSpec, sink sandb
 			e.touchIdle(c)
 		}
 	}()
-	req := agent.JobRequest{
-		Command:     spec.Command,
-		WorkDir:     wd,
-		Env:         env,
-		TimeoutMS:   max(timeout.Milliseconds(), 1),
-		Interactive: spec.Interactive,
-	}
 	if spec.Egress != nil {
 		if eg, err = newEgressSocket(c.runDir, c.uid); err != nil {
 			e.log.Warn().Err(err).Str("container", shortID(c.dockerID)).Msg("job_egress_socket_failed")
@@ -108,6 +116,9 @@ func (s *Session) StartJob(ctx context.Context, spec sandbox.JobSpec, sink sandb
 	}
 	j, err := agentStartJob(ctx, c.socket(), req, sink)
 	if err != nil {
+		if errors.Is(err, agent.ErrNotReached) {
+			s.dropLocked(c)
+		}
 		return nil, jobStartError(ctx, err)
 	}
 	started, keepW = true, true
@@ -227,10 +238,7 @@ type egressSocket struct {
 func newEgressSocket(runDir string, uid int) (*egressSocket, error) {
 	name := "egress-" + newID() + ".sock"
 	p := filepath.Join(runDir, name)
-	if len(p) > maxSocketPath {
-		return nil, errors.New("run dir path too long for a unix socket")
-	}
-	ln, err := net.Listen("unix", p)
+	ln, err := agent.ListenSocket(p)
 	if err != nil {
 		return nil, err
 	}

@@ -80,8 +80,10 @@ func (p *pool) fill() {
 				case <-ctx.Done():
 					return
 				case <-time.After(backoff):
+					backoff = min(backoff*2, 30*time.Second)
+				case <-p.kick: // the daemon is back (see watch)
+					backoff = time.Second
 				}
-				backoff = min(backoff*2, 30*time.Second)
 				continue
 			}
 			backoff = time.Second
@@ -113,6 +115,19 @@ func (p *pool) take() *ctr {
 	c := p.ready[0]
 	p.ready = p.ready[1:]
 	return c
+}
+
+// remove takes c out of the pool and reports whether it was there.
+func (p *pool) remove(c *ctr) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for i, r := range p.ready {
+		if r == c {
+			p.ready = append(p.ready[:i:i], p.ready[i+1:]...)
+			return true
+		}
+	}
+	return false
 }
 
 // drain empties the pool and returns what it held.
@@ -200,9 +215,9 @@ func (e *Engine) takeSlot(ctx context.Context, forSession bool) (*sandbox.Slot, 
 	}
 	err := brokererr.New(brokererr.QuotaExceeded,
 		"the broker already runs its maximum of %d sandbox containers; try again when other sessions have gone idle", e.o.Slots.Max())
-	if d := e.o.Slots.RetryAfter(time.Now()); d > 0 {
-		err = err.WithRetryAfter(d)
-	}
+	// Retryable even when no session's idle time is known (jobs pin them):
+	// containers go when sessions close or jobs end.
+	err = err.WithRetryAfter(max(e.o.Slots.RetryAfter(time.Now()), 0))
 	return nil, err
 }
 

@@ -29,6 +29,8 @@ type Session struct {
 	ctrs      map[string]*ctr
 	uid       int // host uid (and gid) of its containers; 0 until leased
 	destroyed bool
+
+	kernel *sandbox.KernelLedger // the notebook kernel in its python container
 }
 
 var _ sandbox.Session = (*Session)(nil)
@@ -47,7 +49,7 @@ func (e *Engine) Open(ctx context.Context, ref sandbox.SessionRef) (sandbox.Sess
 	if closed {
 		return nil, brokererr.New(brokererr.Unavailable, "the Docker engine is shut down")
 	}
-	return &Session{e: e, ref: ref, ctrs: map[string]*ctr{}}, nil
+	return &Session{e: e, ref: ref, ctrs: map[string]*ctr{}, kernel: e.kernels.Get(ref.WorkspaceID)}, nil
 }
 
 func validWorkspaceID(s string) bool {
@@ -77,6 +79,26 @@ func (s *Session) Exec(ctx context.Context, req sandbox.ExecRequest) (sandbox.Ex
 	if s.destroyed {
 		return sandbox.ExecResult{}, brokererr.New(brokererr.SandboxNotFound, "the sandbox was destroyed")
 	}
+	for attempt := 0; ; attempt++ {
+		res, err := s.execLocked(ctx, r, req)
+		if retryOnNewContainer(ctx, attempt, err) {
+			continue
+		}
+		return res, err
+	}
+}
+
+// retryOnNewContainer says a call whose agent could not be reached goes
+// once more to a new container: nothing ran, and the old container is
+// dead (a restarted Docker daemon kills them all) and already dropped.
+func retryOnNewContainer(ctx context.Context, attempt int, err error) bool {
+	return attempt == 0 && ctx.Err() == nil && errors.Is(err, agent.ErrNotReached)
+}
+
+// execLocked runs req once in the session's container for r. Caller holds
+// s.mu.
+func (s *Session) execLocked(ctx context.Context, r runnerImage, req sandbox.ExecRequest) (sandbox.ExecResult, error) {
+	e := s.e
 	c, err := s.containerLocked(ctx, r)
 	if err != nil {
 		return sandbox.ExecResult{}, err
@@ -109,6 +131,7 @@ func (s *Session) Exec(ctx context.Context, req sandbox.ExecRequest) (sandbox.Ex
 		Code:           req.Code,
 		TimeoutMS:      max(timeout.Milliseconds(), 1),
 		MaxOutputBytes: req.MaxOutputBytes,
+		Mode:           req.Mode,
 	})
 	hardStop := rctx.Err() != nil && ctx.Err() == nil
 	cancel()
@@ -121,8 +144,7 @@ func (s *Session) Exec(ctx context.Context, req sandbox.ExecRequest) (sandbox.Ex
 		// The agent is gone, hung or the caller gave up: this container's
 		// state is unknown, so it goes; the next Exec starts a new one.
 		oom := !hardStop && ctx.Err() == nil && e.lostToOOM(ctx, c, oomBefore)
-		delete(s.ctrs, r.Language)
-		e.removeAsync(c)
+		s.retireLocked(r.Language, c, sandbox.LostUnresponsive)
 		switch {
 		case oom:
 			e.log.Info().Str("container", shortID(c.dockerID)).Msg("sandbox_oom_killed")
@@ -146,6 +168,7 @@ func (s *Session) Exec(ctx context.Context, req sandbox.ExecRequest) (sandbox.Ex
 	if !res.TimedOut && (resp.Signal == "SIGKILL" || resp.ExitCode == 137) {
 		res.OOMKilled = e.wasOOMKilled(ctx, c, oomBefore)
 	}
+	s.kernel.Observe(&res)
 	// A run that timed out or hit the OOM killer may have left the
 	// container in a bad state (stray processes, half-written /tmp): the
 	// next run gets a fresh container. Files in the workspace stay.
@@ -157,11 +180,33 @@ func (s *Session) Exec(ctx context.Context, req sandbox.ExecRequest) (sandbox.Ex
 		if res.TimedOut || res.OOMKilled {
 			e.log.Info().Str("container", shortID(c.dockerID)).Bool("timed_out", res.TimedOut).Bool("oom_killed", res.OOMKilled).Msg("sandbox_kept_for_jobs")
 		}
-	} else if res.TimedOut || res.OOMKilled || e.hasStrays(c, sessionsBefore) {
-		delete(s.ctrs, r.Language)
-		e.removeAsync(c)
+	} else if res.TimedOut || res.OOMKilled || e.hasStrays(c, sessionsBefore, res.Kernel) {
+		s.retireLocked(r.Language, c, retireReason(res))
 	}
 	return res, nil
+}
+
+// retireReason says why a run's container is replaced.
+func retireReason(res sandbox.ExecResult) string {
+	switch {
+	case res.TimedOut:
+		return sandbox.LostTimeout
+	case res.OOMKilled:
+		return sandbox.LostOOM
+	}
+	return sandbox.LostStrays
+}
+
+// retireLocked removes the session's container c for lang in the
+// background; the next Exec starts a new one. Caller holds s.mu.
+func (s *Session) retireLocked(lang string, c *ctr, why string) {
+	if s.ctrs[lang] == c {
+		delete(s.ctrs, lang)
+	}
+	if lang == agent.LangPython {
+		s.kernel.Lost(why)
+	}
+	s.e.removeAsync(c)
 }
 
 // containerLocked returns the session's container for r, starting or
@@ -171,6 +216,9 @@ func (s *Session) containerLocked(ctx context.Context, r runnerImage) (*ctr, err
 	c := s.ctrs[r.Language]
 	if c != nil && c.gone.Load() {
 		delete(s.ctrs, r.Language)
+		if r.Language == agent.LangPython {
+			s.kernel.Lost(sandbox.LostStopped)
+		}
 		c = nil
 	}
 	if c == nil {
@@ -209,6 +257,15 @@ func (s *Session) uidLocked(ctx context.Context) (int, error) {
 		s.uid = uid
 	}
 	return s.uid, nil
+}
+
+// dropLocked forgets c, whose agent is gone, and removes it in the
+// background. Caller holds s.mu.
+func (s *Session) dropLocked(c *ctr) {
+	if s.ctrs[c.lang] == c {
+		delete(s.ctrs, c.lang)
+	}
+	s.e.removeAsync(c)
 }
 
 // wasOOMKilled compares the cgroup v1 oom_kill counter with its value before
@@ -250,7 +307,7 @@ func (e *Engine) lostToOOM(ctx context.Context, c *ctr, before int64) bool {
 // sessionsBefore returns the sessions in c before a run. Under gVisor it
 // is the set the last check found (after the previous run, or when the
 // container started), which saves a round trip to the sandbox per run.
-func (e *Engine) sessionsBefore(c *ctr) map[int]bool {
+func (e *Engine) sessionsBefore(c *ctr) map[int][]int {
 	if e.o.Runtime != RuntimeRunsc {
 		return e.sessions(c)
 	}
@@ -265,12 +322,10 @@ func (e *Engine) sessionsBefore(c *ctr) map[int]bool {
 
 // hasStrays reports processes left after a run, read from the host's /proc
 // (under gVisor, from the Sentry's, see sessionMonitor) rather than from
-// the (untrusted) agent. Every run starts in a session of its own, while
-// the container's infrastructure (init, agent, zygote and its idle spare)
-// lives in sessions that existed before the run; so any process in a
-// session absent from before is something the run left.
-func (e *Engine) hasStrays(c *ctr, before map[int]bool) bool {
-	var after map[int]bool
+// the (untrusted) agent (see agent.Strays); it also keeps track of the
+// container's notebook kernel session. Caller holds s.mu.
+func (e *Engine) hasStrays(c *ctr, before map[int][]int, kernel *sandbox.KernelStatus) bool {
+	var after map[int][]int
 	if e.o.Runtime == RuntimeRunsc {
 		var err error
 		after, err = e.sandboxSessions(c)
@@ -286,11 +341,12 @@ func (e *Engine) hasStrays(c *ctr, before map[int]bool) bool {
 		}
 		after = e.sessions(c)
 	}
-	for sid := range after {
-		if !before[sid] {
-			e.log.Info().Str("container", shortID(c.dockerID)).Int("session", sid).Int("sessions_before", len(before)).Msg("sandbox_strays_found")
-			return true
-		}
+	started := kernel != nil && kernel.Started && kernel.Ended == ""
+	stray, sid := agent.Strays(before, after, c.kernelSID, started)
+	c.kernelSID = sid
+	if stray {
+		e.log.Info().Str("container", shortID(c.dockerID)).Int("sessions_before", len(before)).Msg("sandbox_strays_found")
+		return true
 	}
 	if e.o.Runtime == RuntimeRunsc {
 		c.sessions = after
@@ -339,8 +395,7 @@ func (s *Session) watchQuota(ctx context.Context, w *workspace.Workspace, c *ctr
 // reports QUOTA_EXCEEDED.
 func (s *Session) quotaExceeded(w *workspace.Workspace, before map[string]workspace.FileStamp, lang string, c *ctr, dur time.Duration) (sandbox.ExecResult, error) {
 	w.RemoveChanged(before)
-	delete(s.ctrs, lang)
-	s.e.removeAsync(c)
+	s.retireLocked(lang, c, sandbox.LostQuota)
 	l := w.Limits()
 	return sandbox.ExecResult{Duration: dur, ExitCode: -1}, brokererr.New(brokererr.QuotaExceeded,
 		"the workspace exceeded its quota (%d files, %d MiB); the run was stopped and the files it wrote were removed", l.MaxFiles, l.MaxBytes>>20)
@@ -359,6 +414,20 @@ func (s *Session) WriteFile(ctx context.Context, p string, data []byte, overwrit
 	}
 	defer w.Close()
 	return w.Write(p, data, overwrite)
+}
+
+// PrepareWorkspace implements sandbox.Session.
+func (s *Session) PrepareWorkspace(ctx context.Context) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.destroyed {
+		return brokererr.New(brokererr.SandboxNotFound, "the sandbox was destroyed")
+	}
+	w, err := s.openWorkspace(ctx)
+	if err != nil {
+		return err
+	}
+	return w.Close()
 }
 
 // ReadFile implements sandbox.Session.
@@ -423,6 +492,7 @@ func (s *Session) Release(ctx context.Context) error {
 	if err := s.removeAll(ctx); err != nil {
 		return brokererr.Wrap(err, brokererr.Unavailable, "cannot remove the sandbox containers")
 	}
+	s.kernel.Lost(sandbox.LostIdle)
 	return nil
 }
 
@@ -436,6 +506,7 @@ func (s *Session) Destroy(ctx context.Context) error {
 	// Destroyed only once the containers are gone, so a failed attempt
 	// leaves a session that can still be used or destroyed again.
 	s.destroyed = true
+	s.e.kernels.Forget(s.ref.WorkspaceID)
 	if err := os.RemoveAll(s.ref.Dir); err != nil {
 		return brokererr.Wrap(err, brokererr.InternalError, "cannot delete the workspace")
 	}

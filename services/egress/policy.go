@@ -226,44 +226,65 @@ func (p Policy) Match(host string) (bool, string) {
 	if err != nil {
 		return false, ReasonInvalidHost
 	}
-	return p.match(name, ip)
+	ok, reason, _ := p.match(name, ip)
+	return ok, reason
 }
 
-// match takes a host already normalised by NormalizeHost.
-func (p Policy) match(name string, ip netip.Addr) (bool, string) {
+// match takes a host already normalised by NormalizeHost. rule says which
+// part of the policy decided a refusal, for the model to read.
+func (p Policy) match(name string, ip netip.Addr) (ok bool, reason, rule string) {
 	switch p.Mode {
 	case ModePublic, ModeAllow:
 	default:
-		return false, ReasonNetworkNone
+		return false, ReasonNetworkNone, `network: "none"`
 	}
 	if ip.IsValid() {
 		if p.Mode == ModePublic {
-			return true, ReasonAllowed
+			return true, ReasonAllowed, ""
 		}
-		return false, ReasonIPLiteral
+		return false, ReasonIPLiteral, "allowed_domains lists domain names only"
 	}
-	if matchAny(p.Denied, name) {
-		return false, ReasonDenied
+	if e := matchEntry(p.Denied, name); e != "" {
+		return false, ReasonDenied, fmt.Sprintf("denied_domains entry %q", e)
 	}
-	if p.Mode == ModePublic || matchAny(p.Allowed, name) {
-		return true, ReasonAllowed
+	if p.Mode == ModePublic || matchEntry(p.Allowed, name) != "" {
+		return true, ReasonAllowed, ""
 	}
-	return false, ReasonNotAllowed
+	return false, ReasonNotAllowed, "allowed_domains [" + listShort(p.Allowed) + "]"
 }
 
-// matchAny: exact entries match exactly; "*.s" matches names ending in
-// ".s" (a label boundary), never s itself. Both sides are canonical.
-func matchAny(entries []string, name string) bool {
+// matchEntry returns the first entry that matches name, or "". Exact
+// entries match exactly; "*.s" matches names ending in ".s" (a label
+// boundary), never s itself. Both sides are canonical.
+func matchEntry(entries []string, name string) string {
 	for _, e := range entries {
 		if suffix, ok := strings.CutPrefix(e, "*"); ok {
 			if len(name) > len(suffix) && strings.HasSuffix(name, suffix) {
-				return true
+				return e
 			}
 		} else if e == name {
-			return true
+			return e
 		}
 	}
-	return false
+	return ""
+}
+
+// listShort joins entries for a message, eliding past about 200 bytes:
+// the rule is repeated in every refusal the model reads.
+func listShort(entries []string) string {
+	const budget = 200
+	var b strings.Builder
+	for i, e := range entries {
+		if i > 0 && b.Len()+len(e) > budget {
+			fmt.Fprintf(&b, ", … %d more", len(entries)-i)
+			break
+		}
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		b.WriteString(e)
+	}
+	return b.String()
 }
 
 // String is the compact form for logs and the audit trail:

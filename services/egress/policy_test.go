@@ -2,6 +2,7 @@ package egress
 
 import (
 	"encoding/json"
+	"fmt"
 	"net/netip"
 	"reflect"
 	"strings"
@@ -339,5 +340,27 @@ func TestJSONSchemaAgreesWithParser(t *testing.T) {
 		if _, err := ParsePolicy(json.RawMessage(raw)); err == nil {
 			t.Errorf("parser accepts %s", raw)
 		}
+	}
+}
+
+// A refusal names the rule, with a long allow-list cut short: the rule is
+// repeated in every refusal the model reads.
+func TestRefusalRuleIsShort(t *testing.T) {
+	var allowed []string
+	for i := 0; i < MaxDomains; i++ {
+		allowed = append(allowed, fmt.Sprintf("host%02d.%s.example.com", i, strings.Repeat("x", 40)))
+	}
+	p, err := Policy{Mode: ModeAllow, Allowed: allowed, Denied: []string{"*.bad.example.com"}}.Normalize()
+	if err != nil {
+		t.Fatal(err)
+	}
+	name, ip, _ := NormalizeHost("other.example.net")
+	ok, reason, rule := p.match(name, ip)
+	if ok || reason != ReasonNotAllowed || !strings.HasPrefix(rule, "allowed_domains [host00.") || !strings.HasSuffix(rule, "more]") || len(rule) > 300 {
+		t.Fatalf("%v %s %q (%d bytes)", ok, reason, rule, len(rule))
+	}
+	name, ip, _ = NormalizeHost("a.bad.example.com")
+	if ok, reason, rule := p.match(name, ip); ok || reason != ReasonDenied || rule != `denied_domains entry "*.bad.example.com"` {
+		t.Fatalf("%v %s %q", ok, reason, rule)
 	}
 }

@@ -39,7 +39,20 @@ type Decision struct {
 	Port    int
 	Allowed bool
 	Reason  string // a Reason* constant
+	// Rule names what refused the request, for the model: the policy entry
+	// (`denied_domains entry "*.evil.com"`), the port list, a limit.
+	Rule string
 }
+
+// Rules that are not policy entries.
+const (
+	ruleHost      = "host names must be valid DNS names or IP addresses"
+	rulePublic    = "non-public addresses are always refused"
+	ruleByteLimit = "the session's network byte limit"
+	ruleSNI       = "a tunnel's TLS server name must be its CONNECT host"
+	ruleTLS       = "a tunnel to port 443 must carry TLS"
+	ruleConns     = "the session's concurrent connection limit"
+)
 
 // Options configures a Proxy. Zero values take the defaults noted.
 type Options struct {
@@ -262,14 +275,14 @@ func (p *Proxy) refuseBusy(c net.Conn) {
 	defer c.Close()
 	if p.q.overflow.Add(1) > p.q.maxConns {
 		p.q.overflow.Add(-1)
-		p.report(Decision{Reason: ReasonConnLimit}, "")
+		p.report(Decision{Reason: ReasonConnLimit, Rule: ruleConns}, "")
 		return
 	}
 	defer p.q.overflow.Add(-1)
 	_ = c.SetDeadline(time.Now().Add(p.o.HandshakeTimeout))
 	lr := &limitReader{r: p.meter(c, false), n: int64(p.o.MaxHeaderBytes)}
 	br := bufio.NewReader(lr)
-	d := Decision{Reason: ReasonConnLimit}
+	d := Decision{Reason: ReasonConnLimit, Rule: ruleConns}
 	if req, err := http.ReadRequest(br); err == nil {
 		d.Kind, d.Host, d.Port = requestTarget(req)
 		if req.Body != nil {
@@ -344,33 +357,34 @@ type target struct {
 
 // check runs every gate before any upstream byte is sent: host syntax,
 // port, policy, byte budget, resolution and the address table. On refusal
-// it returns the HTTP status and the model-readable message.
+// it returns the HTTP status and the model-readable message, which says
+// which rule refused which host.
 func (p *Proxy) check(ctx context.Context, d *Decision, host string, port int) (target, int, string) {
-	name, ip, err := NormalizeHost(host)
 	d.Port = port
+	t := target{port: port}
+	refuse := func(reason, rule, detail string) (target, int, string) {
+		d.Reason, d.Rule = reason, rule
+		return t, http.StatusForbidden, detail + " (rule: " + rule + ")"
+	}
+	name, ip, err := NormalizeHost(host)
 	if err != nil {
-		d.Reason = ReasonInvalidHost
-		return target{}, http.StatusForbidden, "invalid host: " + err.Error()
+		return refuse(ReasonInvalidHost, ruleHost, "invalid host: "+err.Error())
 	}
 	d.Host = name
-	t := target{name: name, ip: ip, port: port}
-	if ok, reason := p.o.Policy.match(name, ip); !ok {
-		d.Reason = reason
-		return t, http.StatusForbidden, policyMsg(reason, name)
+	t.name, t.ip = name, ip
+	if ok, reason, rule := p.o.Policy.match(name, ip); !ok {
+		return refuse(reason, rule, policyMsg(reason, name))
 	}
 	if _, ok := slices.BinarySearch(p.o.Ports, port); !ok {
-		d.Reason = ReasonPort
-		return t, http.StatusForbidden, fmt.Sprintf("port %d is not allowed (allowed ports: %s)", port, joinInts(p.o.Ports))
+		return refuse(ReasonPort, "allowed ports: "+joinInts(p.o.Ports), fmt.Sprintf("%s: port %d is not allowed", name, port))
 	}
 	if p.q.budget.exhausted() {
-		d.Reason = ReasonByteLimit
-		return t, http.StatusForbidden, p.byteLimitMsg()
+		return refuse(ReasonByteLimit, ruleByteLimit, p.byteLimitMsg())
 	}
 	if ip.IsValid() {
 		if why := BlockedReason(ip); why != "" {
-			d.Reason = ReasonBlockedAddress
 			p.o.Log.Info().Str("host", name).Str("range", why).Msg("egress_blocked_address")
-			return t, http.StatusForbidden, name + " is not a public address"
+			return refuse(ReasonBlockedAddress, rulePublic, name+" is not a public address")
 		}
 		t.addrs = []netip.Addr{ip}
 		return t, 0, ""
@@ -393,9 +407,8 @@ func (p *Proxy) check(ctx context.Context, d *Decision, host string, port int) (
 			why = BlockedReason(a)
 		}
 		if why != "" {
-			d.Reason = ReasonBlockedAddress
 			p.o.Log.Info().Str("host", name).Str("range", why).Msg("egress_blocked_address")
-			return t, http.StatusForbidden, name + " resolves to a non-public address"
+			return refuse(ReasonBlockedAddress, rulePublic, name+" resolves to a non-public address")
 		}
 		a = a.Unmap()
 		if !slices.Contains(t.addrs, a) && len(t.addrs) < maxAddrs {
@@ -485,7 +498,7 @@ func (p *Proxy) connect(ctx context.Context, c net.Conn, cm *meter, br *bufio.Re
 			return
 		}
 		if reason := sniVerdict(sni, t); reason != "" {
-			d.Reason = reason
+			d.Reason, d.Rule = reason, ruleSNI
 			p.report(d, "")
 			sendTLSAlert(c) // the client reports "access denied"
 			return
@@ -494,9 +507,9 @@ func (p *Proxy) connect(ctx context.Context, c net.Conn, cm *meter, br *bufio.Re
 	} else if port == 443 {
 		// A plain-text client (e.g. http:// forced through CONNECT) can
 		// read an HTTP answer.
-		d.Reason = ReasonNotTLS
+		d.Reason, d.Rule = ReasonNotTLS, ruleTLS
 		p.report(d, "")
-		writeReply(c, http.StatusForbidden, "egress denied: a tunnel to port 443 must start with a TLS ClientHello")
+		writeReply(c, http.StatusForbidden, "egress denied: "+t.name+": a tunnel to port 443 must start with a TLS ClientHello (rule: "+ruleTLS+")")
 		lingerClose(c)
 		return
 	}
@@ -656,7 +669,7 @@ func (p *Proxy) forward(ctx context.Context, c net.Conn, cm *meter, br *bufio.Re
 // upstreamFailed answers 502 when nothing of the response was sent yet.
 func (p *Proxy) upstreamFailed(c net.Conn, br *bufio.Reader, err error) error {
 	if errors.Is(err, errByteLimit) {
-		writeReply(c, http.StatusForbidden, p.byteLimitMsg())
+		writeReply(c, http.StatusForbidden, "egress denied: "+p.byteLimitMsg())
 	} else {
 		writeReply(c, http.StatusBadGateway, "egress failed: the upstream connection failed")
 	}
@@ -723,9 +736,9 @@ func (p *Proxy) byteLimitMsg() string {
 func policyMsg(reason, name string) string {
 	switch reason {
 	case ReasonNetworkNone:
-		return `network access is disabled for this sandbox (network: "none")`
+		return name + ": network access is disabled for this sandbox"
 	case ReasonIPLiteral:
-		return "IP addresses are not allowed; use a domain name from allowed_domains"
+		return name + ": IP addresses are not allowed; use a domain name from allowed_domains"
 	case ReasonDenied:
 		return name + " is in denied_domains"
 	default:

@@ -335,8 +335,10 @@ func TestDeniedTargets(t *testing.T) {
 		{pub, "0x7f.1:443", ReasonInvalidHost, "number"},
 		{pub, "127.1:443", ReasonInvalidHost, "number"},
 		{pub, "[fe80::1%25eth0]:443", ReasonInvalidHost, "canonical"},
-		{pub, "example.com:22", ReasonPort, "port 22 is not allowed (allowed ports: 80, 443)"},
-		{allow, "evilgithub.com:443", ReasonNotAllowed, "evilgithub.com is not in allowed_domains"},
+		{pub, "example.com:22", ReasonPort, "example.com: port 22 is not allowed (rule: allowed ports: 80, 443)"},
+		{allow, "evilgithub.com:443", ReasonNotAllowed, "evilgithub.com is not in allowed_domains (rule: allowed_domains [example.com, *.github.com])"},
+		{allowPolicy(t, []string{"*.example.com"}, "*.bad.example.com"), "x.bad.example.com:443", ReasonDenied,
+			`x.bad.example.com is in denied_domains (rule: denied_domains entry "*.bad.example.com")`},
 		{allow, "github.com.evil.io:443", ReasonNotAllowed, "not in allowed_domains"},
 		{allow, "github.com:443", ReasonNotAllowed, "not in allowed_domains"},
 		{allow, "evil-example.com:443", ReasonNotAllowed, "not in allowed_domains"},
@@ -345,7 +347,7 @@ func TestDeniedTargets(t *testing.T) {
 		{allow, "93.184.215.14:443", ReasonIPLiteral, "IP addresses are not allowed"},
 		{allow, "example.com:22", ReasonPort, "port 22"},
 		{allow, "example.com:8443", ReasonPort, "port 8443"},
-		{Policy{Mode: ModeNone}, "example.com:443", ReasonNetworkNone, `network: "none"`},
+		{Policy{Mode: ModeNone}, "example.com:443", ReasonNetworkNone, `example.com: network access is disabled for this sandbox (rule: network: "none")`},
 	}
 	for _, c := range cases {
 		t.Run(c.authority, func(t *testing.T) {
@@ -368,8 +370,10 @@ func TestDeniedTargets(t *testing.T) {
 				}
 			}
 			for _, d := range h.waitDecisions(t, 2) {
-				if d.Allowed || d.Reason != c.reason {
-					t.Errorf("decision %+v, want reason %s", d, c.reason)
+				// The decision names the rule the body names.
+				if d.Allowed || d.Reason != c.reason || d.Rule == "" ||
+					strings.Contains(c.msg, "(rule: ") && !strings.Contains(c.msg, "(rule: "+d.Rule+")") {
+					t.Errorf("decision %+v, want reason %s and the rule in %q", d, c.reason, c.msg)
 				}
 			}
 			if d := h.dial.dialed(); len(d) != 0 {
@@ -400,7 +404,7 @@ func TestResolvedAddressChecks(t *testing.T) {
 	}
 	for _, host := range []string{"meta.example.com", "nat64.example.com", "mapped.example.com", "mixed.example.com", "mixed6.example.com"} {
 		status, body := get(host)
-		if status != 403 || body != "egress denied: "+host+" resolves to a non-public address\n" {
+		if status != 403 || body != "egress denied: "+host+" resolves to a non-public address (rule: non-public addresses are always refused)\n" {
 			t.Errorf("%s: %d %q", host, status, body)
 		}
 	}
@@ -670,7 +674,7 @@ func TestEveryBlockedRangeViaResolver(t *testing.T) {
 		h.res.set(name, []string{a})
 		resp, body, c, _ := h.raw(t, "CONNECT "+name+":443 HTTP/1.1\r\n\r\n")
 		_ = c.Close() // a refused connection holds its slot until the client leaves
-		if resp.StatusCode != 403 || body != "egress denied: "+name+" resolves to a non-public address\n" {
+		if resp.StatusCode != 403 || body != "egress denied: "+name+" resolves to a non-public address (rule: non-public addresses are always refused)\n" {
 			t.Errorf("%s -> %s: %d %q", name, a, resp.StatusCode, body)
 		}
 	}

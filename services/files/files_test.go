@@ -3,6 +3,8 @@ package files
 import (
 	"bufio"
 	"bytes"
+	"crypto/hmac"
+	"crypto/sha256"
 	"encoding/base64"
 	"fmt"
 	"io"
@@ -360,9 +362,14 @@ func signRaw(s *Signer, kid, id, rel, exp string) string {
 	return signRawEsc(s, kid, id, esc, exp)
 }
 
+// signRawEsc computes the signature from the documented string-to-sign,
+// independently of mac: links signed before upload links existed still
+// verify.
 func signRawEsc(s *Signer, kid, id, esc, exp string) string {
 	key, _ := s.Keys.key(kid)
-	return base64.RawURLEncoding.EncodeToString(mac(key, kid, id, esc, exp))
+	m := hmac.New(sha256.New, key)
+	m.Write([]byte("v1\n" + kid + "\nGET\n" + id + "\n" + esc + "\n" + exp))
+	return base64.RawURLEncoding.EncodeToString(m.Sum(nil))
 }
 
 // TestPrefixConfusion: workspace ids are whole path components.
@@ -611,6 +618,25 @@ func TestSignerErrors(t *testing.T) {
 		if _, _, err := s.URL(c.id, c.p); brokererr.CodeOf(err) != c.code {
 			t.Errorf("URL(%q, %q): %v, want %s", c.id, c.p, err, c.code)
 		}
+		if _, _, err := s.UploadURL(c.id, c.p, 1, false); brokererr.CodeOf(err) != c.code {
+			t.Errorf("UploadURL(%q, %q): %v, want %s", c.id, c.p, err, c.code)
+		}
+	}
+	// An upload link takes at least one byte (0 would mean "no limit" to
+	// the writer).
+	if _, _, err := s.UploadURL(idA, "x", 0, false); brokererr.CodeOf(err) != brokererr.InvalidInput {
+		t.Errorf("UploadURL with max 0: %v", err)
+	}
+	// Nor does a correctly signed link that says otherwise verify.
+	for _, extra := range [][]param{{{"max", "0"}, {"ow", "0"}}, {{"max", "1"}, {"ow", "2"}}} {
+		u, _, err := s.sign(http.MethodPut, idA, "x", time.Minute, extra)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pu, _ := url.Parse(u)
+		if _, err := s.VerifyUpload(pu.EscapedPath(), pu.RawQuery); err == nil {
+			t.Errorf("VerifyUpload accepted %s", pu.RawQuery)
+		}
 	}
 	for _, bad := range []*Signer{
 		{Keys: keys, BaseURL: "files.example.com"},
@@ -631,7 +657,7 @@ func TestSignerErrors(t *testing.T) {
 		func(s *Signer) error { _, _, err := s.PreviewURL(idA); return err },
 	} {
 		e := brokererr.As(sign(&Signer{Keys: keys}))
-		if e == nil || e.Code != brokererr.Unavailable || e.Retryable || !strings.Contains(e.Message, "PUBLIC_BASE_URL") {
+		if e == nil || e.Code != brokererr.NotConfigured || e.Retryable || !strings.Contains(e.Message, "PUBLIC_BASE_URL") {
 			t.Errorf("no BaseURL: %+v", e)
 		}
 	}
@@ -883,5 +909,69 @@ func TestSizeCapHoldsWhileTheFileFlips(t *testing.T) {
 	}
 	if served == 0 {
 		t.Fatal("no request was served: the flip loop never left the file under the cap")
+	}
+}
+
+// TestClockSteppedBack: a link signed before the wall clock is stepped back
+// is never valid for longer than MaxTTL (plus the skew allowance) as the
+// clock then reads: a step past that refuses it until the clock catches
+// up, and it expires at its own exp, so no link outlives a step by more
+// than MaxTTL - TTL.
+func TestClockSteppedBack(t *testing.T) {
+	keys, _ := NewKeyring(master(1))
+	now := t0
+	s := &Signer{Keys: keys, BaseURL: "https://f.example", TTL: 10 * time.Minute, MaxTTL: time.Hour, Now: func() time.Time { return now }}
+	u, exp, err := s.URL(idA, "f.txt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pu, _ := url.Parse(u)
+	verify := func() error { _, err := s.Verify(pu.EscapedPath(), pu.RawQuery); return err }
+	previewURL, _, err := s.PreviewURL(idA)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pv, _ := url.Parse(previewURL)
+	verifyPreview := func() error { _, err := s.VerifyPreview(idA, pv.RawQuery); return err }
+	for _, c := range []struct {
+		step time.Duration
+		ok   bool
+	}{
+		{-30 * time.Minute, true},                                        // within MaxTTL of exp
+		{-(time.Hour - 10*time.Minute + ClockSkew), true},                // exactly at the bound
+		{-(time.Hour - 10*time.Minute + ClockSkew + time.Second), false}, // past it
+		{-48 * time.Hour, false},
+		{10*time.Minute - time.Second, true}, // forward, before exp
+		{10 * time.Minute, true},             // exp itself
+		{10*time.Minute + time.Second, false},
+	} {
+		now = t0.Add(c.step)
+		if err := verify(); (err == nil) != c.ok {
+			t.Errorf("step %v: Verify = %v, want ok=%v (exp %v)", c.step, err, c.ok, exp)
+		}
+		if err := verifyPreview(); (err == nil) != c.ok {
+			t.Errorf("step %v: VerifyPreview = %v, want ok=%v", c.step, err, c.ok)
+		}
+	}
+}
+
+// TestNilSigner: a signer without keys refuses everything, without panics.
+func TestNilSigner(t *testing.T) {
+	for _, s := range []*Signer{nil, {}} {
+		if _, _, err := s.URL(idA, "x"); err == nil {
+			t.Error("URL signed without keys")
+		}
+		if _, _, err := s.UploadURL(idA, "x", 1, false); err == nil {
+			t.Error("UploadURL signed without keys")
+		}
+		if _, err := s.Verify("/files/"+idA+"/x", "exp=1&kid=a&sig=b"); err == nil {
+			t.Error("Verify without keys")
+		}
+		if _, err := s.VerifyUpload("/files/"+idA+"/x", "exp=1&kid=a&max=1&ow=0&sig=b"); err == nil {
+			t.Error("VerifyUpload without keys")
+		}
+		if _, err := s.VerifyPreview(idA, "exp=1&kid=a&sig=b"); err == nil {
+			t.Error("VerifyPreview without keys")
+		}
 	}
 }

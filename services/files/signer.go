@@ -1,22 +1,26 @@
-// Package files issues HMAC-signed download URLs for workspace files and
-// serves them.
+// Package files issues HMAC-signed URLs for workspace files and serves
+// them: downloads (GET) and uploads (PUT).
 //
-// URL form:
+// URL forms:
 //
 //	GET {BaseURL}/files/{workspace_id}/{path...}?exp=<unix>&kid=<kid>&sig=<base64url>
+//	PUT {BaseURL}/files/{workspace_id}/{path...}?exp=<unix>&kid=<kid>&max=<bytes>&ow=<0|1>&sig=<base64url>
 //
-// string-to-sign = "v1\n" + kid + "\nGET\n" + workspace_id + "\n" +
-// escaped_path + "\n" + exp, where escaped_path is the workspace-relative
-// path with each segment escaped by url.PathEscape, exactly as it appears
-// in the URL, and sig is the unpadded base64url HMAC-SHA256 of it under the
-// kid's key (see Keyring). HEAD is verified as GET.
+// string-to-sign = "v1\n" + kid + "\n" + method + "\n" + workspace_id + "\n" +
+// escaped_path + "\n" + exp, followed for PUT by "\n" + max + "\n" + ow,
+// where escaped_path is the workspace-relative path with each segment
+// escaped by url.PathEscape, exactly as it appears in the URL, and sig is
+// the unpadded base64url HMAC-SHA256 of it under the kid's key (see
+// Keyring). HEAD is verified as GET. The method is signed and each method
+// takes its own exact set of query parameters, so a download link never
+// verifies as an upload link, nor the other way round.
 //
 // Verification refuses rather than cleans (security-cases §5): the raw
 // escaped path must decode exactly once to a path workspace.ValidatePath
 // accepts and re-escape to the very same bytes, and the query must hold
-// exactly exp, kid and sig, once each. Only then is the filesystem touched,
-// through workspace.Open / OpenFile (os.Root, O_NOFOLLOW|O_NONBLOCK,
-// regular files only).
+// exactly the method's parameters, once each. Only then is the filesystem
+// touched, through workspace.Open / OpenFile / WriteFrom (os.Root,
+// O_NOFOLLOW|O_NONBLOCK, regular files only).
 package files
 
 import (
@@ -27,6 +31,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"net/http"
 	"net/url"
 	"strconv"
 	"strings"
@@ -40,6 +45,10 @@ import (
 const (
 	DefaultTTL    = time.Hour
 	DefaultMaxTTL = 24 * time.Hour
+	// DefaultUploadTTL is the lifetime of upload links: an upload must
+	// start before its link expires (once started, it runs on at the
+	// handler's minimum rate).
+	DefaultUploadTTL = 15 * time.Minute
 	// ClockSkew is tolerated above now+MaxTTL, for URLs signed by another
 	// broker instance whose clock runs ahead.
 	ClockSkew = 30 * time.Second
@@ -53,11 +62,12 @@ var sigLen = base64.RawURLEncoding.EncodedLen(sha256.Size)
 
 // Signer issues and verifies signed URLs.
 type Signer struct {
-	Keys    *Keyring
-	BaseURL string           // e.g. "https://files.example.com"; no query, no trailing slash needed
-	TTL     time.Duration    // lifetime of new URLs; 0 means DefaultTTL
-	MaxTTL  time.Duration    // longest lifetime accepted; 0 means DefaultMaxTTL
-	Now     func() time.Time // nil means time.Now
+	Keys      *Keyring
+	BaseURL   string           // e.g. "https://files.example.com"; no query, no trailing slash needed
+	TTL       time.Duration    // lifetime of new download URLs; 0 means DefaultTTL
+	MaxTTL    time.Duration    // longest lifetime accepted; 0 means DefaultMaxTTL
+	UploadTTL time.Duration    // lifetime of upload URLs; 0 means DefaultUploadTTL; at most MaxTTL
+	Now       func() time.Time // nil means time.Now
 }
 
 func (s *Signer) now() time.Time {
@@ -81,6 +91,14 @@ func (s *Signer) maxTTL() time.Duration {
 	return DefaultMaxTTL
 }
 
+func (s *Signer) uploadTTL() time.Duration {
+	t := s.UploadTTL
+	if t <= 0 {
+		t = DefaultUploadTTL
+	}
+	return min(t, s.maxTTL())
+}
+
 // URL returns a signed download URL for path in workspace workspaceID and
 // its expiry. path must pass workspace.ValidatePath and must not contain
 // '%' (such names could not be told apart from escapes, so the verifier
@@ -89,6 +107,37 @@ func (s *Signer) URL(workspaceID, path string) (string, time.Time, error) {
 	if s == nil || s.Keys == nil {
 		return "", time.Time{}, errors.New("files: signer has no keys")
 	}
+	if s.ttl() > s.maxTTL() {
+		return "", time.Time{}, fmt.Errorf("files: TTL %v exceeds MaxTTL %v", s.ttl(), s.maxTTL())
+	}
+	return s.sign(http.MethodGet, workspaceID, path, s.ttl(), nil)
+}
+
+// UploadURL returns a signed upload URL (PUT) for path in workspace
+// workspaceID, and its expiry. The link accepts a body of at most maxBytes
+// bytes (at least 1) and replaces an existing file only if overwrite is
+// set; path is checked as for URL.
+func (s *Signer) UploadURL(workspaceID, path string, maxBytes int64, overwrite bool) (string, time.Time, error) {
+	if s == nil || s.Keys == nil {
+		return "", time.Time{}, errors.New("files: signer has no keys")
+	}
+	if maxBytes < 1 {
+		return "", time.Time{}, brokererr.New(brokererr.InvalidInput, "max_bytes must be at least 1")
+	}
+	ow := "0"
+	if overwrite {
+		ow = "1"
+	}
+	return s.sign(http.MethodPut, workspaceID, path, s.uploadTTL(), []param{{"max", strconv.FormatInt(maxBytes, 10)}, {"ow", ow}})
+}
+
+// param is a signed query parameter beyond exp, kid and sig.
+type param struct{ key, value string }
+
+// sign builds a link for method to path in workspaceID, valid for ttl,
+// whose query holds exp, kid, extra (in that order, all signed) and sig;
+// s has keys (the callers check).
+func (s *Signer) sign(method, workspaceID, path string, ttl time.Duration, extra []param) (string, time.Time, error) {
 	if !ValidWorkspaceID(workspaceID) {
 		return "", time.Time{}, brokererr.New(brokererr.InvalidInput, "invalid workspace id")
 	}
@@ -100,20 +149,23 @@ func (s *Signer) URL(workspaceID, path string) (string, time.Time, error) {
 	if err != nil {
 		return "", time.Time{}, err
 	}
-	if s.ttl() > s.maxTTL() {
-		return "", time.Time{}, fmt.Errorf("files: TTL %v exceeds MaxTTL %v", s.ttl(), s.maxTTL())
-	}
 	base, err := s.base()
 	if err != nil {
 		return "", time.Time{}, err
 	}
-	exp := s.now().Add(s.ttl()).Unix()
+	exp := s.now().Add(ttl).Unix()
 	expStr := strconv.FormatInt(exp, 10)
 	kid := s.Keys.ActiveKID()
 	key, _ := s.Keys.key(kid)
-	sig := base64.RawURLEncoding.EncodeToString(mac(key, kid, workspaceID, esc, expStr))
-	u := base + PathPrefix + workspaceID + "/" + esc + "?exp=" + expStr + "&kid=" + kid + "&sig=" + sig
-	return u, time.Unix(exp, 0), nil
+	fields := []string{workspaceID, esc, expStr}
+	var q strings.Builder
+	q.WriteString("?exp=" + expStr + "&kid=" + kid)
+	for _, p := range extra {
+		fields = append(fields, p.value)
+		q.WriteString("&" + p.key + "=" + p.value)
+	}
+	sig := base64.RawURLEncoding.EncodeToString(mac(key, kid, method, fields...))
+	return base + PathPrefix + workspaceID + "/" + esc + q.String() + "&sig=" + sig, time.Unix(exp, 0), nil
 }
 
 // base checks BaseURL and returns it without a trailing slash. With no
@@ -121,9 +173,7 @@ func (s *Signer) URL(workspaceID, path string) (string, time.Time, error) {
 // error says so, and callers that can do without a link leave it out.
 func (s *Signer) base() (string, error) {
 	if s.BaseURL == "" {
-		e := brokererr.New(brokererr.Unavailable, "this broker has no public URL for links; set PUBLIC_BASE_URL or serve over HTTP")
-		e.Retryable = false
-		return "", e
+		return "", brokererr.New(brokererr.NotConfigured, "this broker has no public URL for links; set PUBLIC_BASE_URL or serve over HTTP")
 	}
 	b := strings.TrimRight(s.BaseURL, "/")
 	u, err := url.Parse(b)
@@ -134,10 +184,16 @@ func (s *Signer) base() (string, error) {
 	return b, nil
 }
 
-// mac computes the signature over the canonical string-to-sign.
-func mac(key []byte, kid, workspaceID, escapedPath, exp string) []byte {
+// mac computes the signature over the canonical string-to-sign: "v1",
+// kid, method and fields, each on a line of its own (none can hold a
+// newline: kids, workspace IDs, exp and the extra values are checked
+// tokens, and escaped paths have no control characters).
+func mac(key []byte, kid, method string, fields ...string) []byte {
 	m := hmac.New(sha256.New, key)
-	m.Write([]byte("v1\n" + kid + "\nGET\n" + workspaceID + "\n" + escapedPath + "\n" + exp))
+	m.Write([]byte("v1\n" + kid + "\n" + method))
+	for _, f := range fields {
+		m.Write([]byte("\n" + f))
+	}
 	return m.Sum(nil)
 }
 
@@ -215,109 +271,175 @@ type Target struct {
 	Expires     time.Time
 }
 
-// Verify checks a request's raw escaped path (r.URL.EscapedPath(), starting
-// with PathPrefix) and raw query (r.URL.RawQuery), in this order: prefix,
-// workspace id, path canonical form, strict query, expiry window, kid,
-// HMAC (constant time). The method is the caller's to check (GET or HEAD).
-// Any error wraps ErrDenied.
+// Upload is what a verified upload URL grants: writing Path in
+// WorkspaceID, at most MaxBytes bytes, replacing an existing file only if
+// Overwrite.
+type Upload struct {
+	Target
+	MaxBytes  int64
+	Overwrite bool
+}
+
+// Verify checks a download request's raw escaped path
+// (r.URL.EscapedPath(), starting with PathPrefix) and raw query
+// (r.URL.RawQuery), in this order: prefix, workspace id, path canonical
+// form, strict query, expiry window, kid, HMAC (constant time). The method
+// is the caller's to check (GET or HEAD). Any error wraps ErrDenied.
 func (s *Signer) Verify(escapedPath, rawQuery string) (Target, error) {
 	if s == nil || s.Keys == nil {
 		return Target{}, deny("no keys")
 	}
+	id, escRel, rel, err := parseFilePath(escapedPath)
+	if err != nil {
+		return Target{}, err
+	}
+	q, err := s.verifyQuery(rawQuery, s.maxTTL(), http.MethodGet, []string{id, escRel}, nil)
+	if err != nil {
+		return Target{}, err
+	}
+	return Target{WorkspaceID: id, Path: rel, KID: q.kid, Expires: q.exp}, nil
+}
+
+// VerifyUpload is Verify for upload (PUT) links: the query must hold
+// exactly exp, kid, max, ow and sig, with max a canonical positive decimal
+// and ow "0" or "1", and the expiry lie within the upload TTL.
+func (s *Signer) VerifyUpload(escapedPath, rawQuery string) (Upload, error) {
+	if s == nil || s.Keys == nil {
+		return Upload{}, deny("no keys")
+	}
+	id, escRel, rel, err := parseFilePath(escapedPath)
+	if err != nil {
+		return Upload{}, err
+	}
+	q, err := s.verifyQuery(rawQuery, s.uploadTTL(), http.MethodPut, []string{id, escRel}, []string{"max", "ow"})
+	if err != nil {
+		return Upload{}, err
+	}
+	// Both were signed: a bad value is a broker bug or a forged key.
+	max, err := parseDecimal(q.extra[0])
+	if err != nil || max < 1 {
+		return Upload{}, deny("max syntax")
+	}
+	ow := q.extra[1]
+	if ow != "0" && ow != "1" {
+		return Upload{}, deny("ow syntax")
+	}
+	return Upload{Target: Target{WorkspaceID: id, Path: rel, KID: q.kid, Expires: q.exp}, MaxBytes: max, Overwrite: ow == "1"}, nil
+}
+
+// parseFilePath splits a /files/ path into its workspace id and its path,
+// escaped and decoded; only canonical forms pass.
+func parseFilePath(escapedPath string) (id, escRel, rel string, err error) {
 	rest, ok := strings.CutPrefix(escapedPath, PathPrefix)
 	if !ok {
-		return Target{}, deny("prefix")
+		return "", "", "", deny("prefix")
 	}
-	id, escRel, ok := strings.Cut(rest, "/")
+	id, escRel, ok = strings.Cut(rest, "/")
 	if !ok || !ValidWorkspaceID(id) {
-		return Target{}, deny("workspace id")
+		return "", "", "", deny("workspace id")
 	}
-	rel, err := UnescapePath(escRel)
+	rel, err = UnescapePath(escRel)
 	if err != nil || strings.ContainsRune(rel, '%') {
-		return Target{}, deny("path")
+		return "", "", "", deny("path")
 	}
-	expStr, kid, sig, err := parseQuery(rawQuery)
+	return id, escRel, rel, nil
+}
+
+// signedQuery is a verified query.
+type signedQuery struct {
+	kid   string
+	exp   time.Time
+	extra []string // the values of the extra parameters, in their order
+}
+
+// verifyQuery checks a link's raw query: exactly exp, kid, sig and extra,
+// once each; an expiry between now and now+maxTTL+ClockSkew; a known kid;
+// and, in constant time, the HMAC over method, fields, exp and the extra
+// values. s has keys (the callers check).
+func (s *Signer) verifyQuery(rawQuery string, maxTTL time.Duration, method string, fields, extra []string) (signedQuery, error) {
+	vals, err := parseQuery(rawQuery, extra...)
 	if err != nil {
-		return Target{}, err
+		return signedQuery{}, err
 	}
-	exp, err := parseExp(expStr)
+	expStr, kid, sig := vals["exp"], vals["kid"], vals["sig"]
+	exp, err := parseDecimal(expStr)
 	if err != nil {
-		return Target{}, err
+		return signedQuery{}, deny("exp syntax")
 	}
 	now := s.now().Unix()
 	if exp < now {
-		return Target{}, deny("expired")
+		return signedQuery{}, deny("expired")
 	}
-	if exp > now+int64((s.maxTTL()+ClockSkew)/time.Second) {
-		return Target{}, deny("expiry too far")
+	if exp > now+int64((maxTTL+ClockSkew)/time.Second) {
+		return signedQuery{}, deny("expiry too far")
 	}
 	key, ok := s.Keys.key(kid)
 	if !ok {
-		return Target{}, deny("unknown kid")
+		return signedQuery{}, deny("unknown kid")
 	}
 	if len(sig) != sigLen {
-		return Target{}, deny("signature length")
+		return signedQuery{}, deny("signature length")
 	}
 	got, err := base64.RawURLEncoding.Strict().DecodeString(sig)
 	if err != nil || len(got) != sha256.Size {
-		return Target{}, deny("signature encoding")
+		return signedQuery{}, deny("signature encoding")
 	}
-	if !hmac.Equal(got, mac(key, kid, id, escRel, expStr)) {
-		return Target{}, deny("signature mismatch")
+	signed := append(append([]string{}, fields...), expStr)
+	q := signedQuery{kid: kid, exp: time.Unix(exp, 0)}
+	for _, k := range extra {
+		signed = append(signed, vals[k])
+		q.extra = append(q.extra, vals[k])
 	}
-	return Target{WorkspaceID: id, Path: rel, KID: kid, Expires: time.Unix(exp, 0)}, nil
+	if !hmac.Equal(got, mac(key, kid, method, signed...)) {
+		return signedQuery{}, deny("signature mismatch")
+	}
+	return q, nil
 }
 
-// parseQuery accepts exactly "exp", "kid" and "sig", once each, in any
-// order, with raw values (no percent escapes or '+'; the allowed
+// parseQuery accepts exactly "exp", "kid", "sig" and extra, once each, in
+// any order, with raw values (no percent escapes or '+'; the allowed
 // characters never need escaping).
-func parseQuery(q string) (exp, kid, sig string, err error) {
+func parseQuery(q string, extra ...string) (map[string]string, error) {
 	if q == "" {
-		return "", "", "", deny("no query")
+		return nil, deny("no query")
+	}
+	want := map[string]bool{"exp": true, "kid": true, "sig": true}
+	for _, k := range extra {
+		want[k] = true
 	}
 	parts := strings.Split(q, "&")
-	if len(parts) != 3 {
-		return "", "", "", deny("query parameter count")
+	if len(parts) != len(want) {
+		return nil, deny("query parameter count")
 	}
-	seen := map[string]bool{}
+	vals := make(map[string]string, len(want))
 	for _, p := range parts {
 		k, v, ok := strings.Cut(p, "=")
-		if !ok || v == "" || seen[k] {
-			return "", "", "", deny("query syntax")
+		if _, seen := vals[k]; !ok || v == "" || seen {
+			return nil, deny("query syntax")
 		}
-		seen[k] = true
-		switch k {
-		case "exp":
-			exp = v
-		case "kid":
-			if !validKID(v) {
-				return "", "", "", deny("kid syntax")
-			}
-			kid = v
-		case "sig":
-			sig = v
-		default:
-			return "", "", "", deny("unknown query parameter")
+		if !want[k] {
+			return nil, deny("unknown query parameter")
 		}
+		if k == "kid" && !validKID(v) {
+			return nil, deny("kid syntax")
+		}
+		vals[k] = v
 	}
-	return exp, kid, sig, nil
+	return vals, nil
 }
 
-// parseExp accepts a canonical non-negative decimal integer.
-func parseExp(s string) (int64, error) {
+// parseDecimal accepts a canonical non-negative decimal integer of at most
+// 18 digits.
+func parseDecimal(s string) (int64, error) {
 	if len(s) == 0 || len(s) > 18 || (s[0] == '0' && len(s) > 1) {
-		return 0, deny("exp syntax")
+		return 0, errors.New("not a canonical decimal")
 	}
 	for i := 0; i < len(s); i++ {
 		if s[i] < '0' || s[i] > '9' {
-			return 0, deny("exp syntax")
+			return 0, errors.New("not a canonical decimal")
 		}
 	}
-	n, err := strconv.ParseInt(s, 10, 64)
-	if err != nil {
-		return 0, deny("exp syntax")
-	}
-	return n, nil
+	return strconv.ParseInt(s, 10, 64)
 }
 
 // PreviewPrefix is the URL path prefix of project previews.
@@ -344,7 +466,7 @@ func (s *Signer) PreviewURL(id string) (string, time.Time, error) {
 	expStr := strconv.FormatInt(exp, 10)
 	kid := s.Keys.ActiveKID()
 	key, _ := s.Keys.key(kid)
-	sig := base64.RawURLEncoding.EncodeToString(mac(key, kid, id, previewPath, expStr))
+	sig := base64.RawURLEncoding.EncodeToString(mac(key, kid, http.MethodGet, id, previewPath, expStr))
 	return base + PreviewPrefix + id + "/?exp=" + expStr + "&kid=" + kid + "&sig=" + sig, time.Unix(exp, 0), nil
 }
 
@@ -357,31 +479,9 @@ func (s *Signer) VerifyPreview(id, rawQuery string) (time.Time, error) {
 	if !ValidWorkspaceID(id) {
 		return time.Time{}, deny("sandbox id")
 	}
-	expStr, kid, sig, err := parseQuery(rawQuery)
+	q, err := s.verifyQuery(rawQuery, s.maxTTL(), http.MethodGet, []string{id, previewPath}, nil)
 	if err != nil {
 		return time.Time{}, err
 	}
-	exp, err := parseExp(expStr)
-	if err != nil {
-		return time.Time{}, err
-	}
-	now := s.now().Unix()
-	if exp < now {
-		return time.Time{}, deny("expired")
-	}
-	if exp > now+int64((s.maxTTL()+ClockSkew)/time.Second) {
-		return time.Time{}, deny("expiry too far")
-	}
-	key, ok := s.Keys.key(kid)
-	if !ok {
-		return time.Time{}, deny("unknown kid")
-	}
-	got, err := base64.RawURLEncoding.Strict().DecodeString(sig)
-	if len(sig) != sigLen || err != nil || len(got) != sha256.Size {
-		return time.Time{}, deny("signature encoding")
-	}
-	if !hmac.Equal(got, mac(key, kid, id, previewPath, expStr)) {
-		return time.Time{}, deny("signature mismatch")
-	}
-	return time.Unix(exp, 0), nil
+	return q.exp, nil
 }

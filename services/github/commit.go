@@ -112,16 +112,15 @@ func (m *Manager) Commit(ctx context.Context, req CommitRequest) (CommitResult, 
 		}
 		u, err := m.pullRequest(ctx, rs, req.Branch, title)
 		if err != nil {
-			// The commit stands; say so rather than hide it behind the error.
-			code, msg := brokererr.CodeOf(err), "unknown error"
-			if e := brokererr.As(err); e != nil {
-				msg = e.Message
+			// The commit stands: report it as done, with why the PR is
+			// missing (a retry with create_pr only opens the PR).
+			e := brokererr.As(err)
+			if e == nil {
+				e = brokererr.Wrap(err, brokererr.InternalError, "the pull request could not be opened")
 			}
-			berr := brokererr.Wrap(err, code, "committed %s to %s, but the pull request failed: %s", sha, req.Branch, msg)
-			if e := brokererr.As(err); e != nil && e.RetryAfter > 0 {
-				berr = berr.WithRetryAfter(e.RetryAfter)
-			}
-			return res, berr
+			m.log.Warn().Str("repo_id", req.RepoID).Str("branch", req.Branch).Str("error_code", string(e.Code)).Msg("github_pull_request_failed")
+			res.PRError = e
+			return res, nil
 		}
 		res.PRURL = u
 	}

@@ -57,11 +57,14 @@ type CommitRequest struct {
 	PRTitle  string // default: the message's first line
 }
 
-// CommitResult says where the commit went.
+// CommitResult says where the commit went. PRError is set when the commit
+// stands but the pull request asked for could not be opened: the work done
+// is reported as done, with why the PR is missing.
 type CommitResult struct {
 	CommitSHA string
 	Branch    string
 	PRURL     string
+	PRError   *brokererr.Error
 }
 
 // Manager talks to GitHub for the allow-listed repos only, one client and

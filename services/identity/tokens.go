@@ -147,6 +147,13 @@ func (r *Registry) Principals() []Principal {
 // TokenFileName is where a generated token is kept inside SANDBOX_ROOT.
 const TokenFileName = "api_token"
 
+// NewToken returns a fresh API token: "sbk_" and 32 random bytes.
+func NewToken() string {
+	var raw [32]byte
+	_, _ = rand.Read(raw[:]) // crypto/rand.Read never fails (Go 1.24+)
+	return "sbk_" + base64.RawURLEncoding.EncodeToString(raw[:])
+}
+
 // LoadOrCreateToken returns the token kept in dir, generating a random one
 // (256 bits, mode 0600) on first start. created reports a new token.
 func LoadOrCreateToken(dir string) (token string, created bool, err error) {
@@ -162,11 +169,7 @@ func LoadOrCreateToken(dir string) (token string, created bool, err error) {
 	if !errors.Is(err, fs.ErrNotExist) {
 		return "", false, err
 	}
-	var raw [32]byte
-	if _, err := rand.Read(raw[:]); err != nil {
-		return "", false, err
-	}
-	t := "sbk_" + base64.RawURLEncoding.EncodeToString(raw[:])
+	t := NewToken()
 	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
 	if err != nil {
 		return "", false, err

@@ -2,9 +2,11 @@ package jobs
 
 import (
 	"bufio"
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -31,6 +33,9 @@ const (
 	EventToolResult = "tool_result" // Data: what the tool returned; IsError when it failed
 	EventResult     = "result"      // Data: the agent's final answer
 	EventTask       = "task"        // Detail: the task's outcome, just before the closing event
+	// EventEgressDenied: the job's network proxy refused a request (the
+	// first time for each host, port and rule).
+	EventEgressDenied = "egress_denied"
 )
 
 // Event is one entry of a job's output log. Seq increases by one per event
@@ -49,6 +54,9 @@ type Event struct {
 	IsError        bool   `json:"is_error,omitempty"`
 	// Detail is a structured payload (the task event's outcome).
 	Detail json.RawMessage `json:"detail,omitempty"`
+	Host   string          `json:"host,omitempty"` // egress_denied
+	Port   int             `json:"port,omitempty"`
+	Rule   string          `json:"rule,omitempty"`
 }
 
 // eventLog is a job's bounded on-disk log: JSON lines in at most two
@@ -63,6 +71,7 @@ type eventLog struct {
 	curN    int   // current segment number
 	curSize int64 // bytes in the current segment
 	next    int64 // next seq to assign
+	written int64 // data bytes appended since open, for readers that gather
 	first   int64 // first seq still on disk (0 when empty)
 	changed chan struct{}
 	closed  bool
@@ -165,6 +174,7 @@ func (l *eventLog) append(e Event, now time.Time) (Event, error) {
 		return e, err
 	}
 	l.curSize += int64(len(b))
+	l.written += int64(len(e.Data))
 	l.next++
 	if l.first == 0 {
 		l.first = e.Seq
@@ -200,6 +210,13 @@ func (l *eventLog) rotate() error {
 		l.first = e.Seq
 		return false
 	})
+}
+
+// counters returns the next seq and the data bytes written so far.
+func (l *eventLog) counters() (next, written int64) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.next, l.written
 }
 
 // wait returns a channel closed at the next append.
@@ -271,6 +288,77 @@ func (l *eventLog) read(since int64, maxEvents int, maxBytes int) (Page, error) 
 		p.Next = first - 1
 	}
 	return p, nil
+}
+
+// tailBytes is how much of a segment's end lastSeqOnDisk reads first: an
+// ended job's last event (exit, timeout, …) is a short line.
+const tailBytes = 16 << 10
+
+// lastSeqOnDisk returns the seq of the last event in the log in dir,
+// reading only the end of the newest segment unless its last line is
+// longer than tailBytes.
+func lastSeqOnDisk(dir string) (int64, error) {
+	l := &eventLog{dir: dir}
+	segs, err := l.segments()
+	if err != nil {
+		return 0, err
+	}
+	for i := len(segs) - 1; i >= 0; i-- {
+		path := filepath.Join(dir, segName(segs[i]))
+		seq, err := lastSeqInTail(path)
+		if err != nil {
+			return 0, err
+		}
+		if seq == 0 { // no whole event in the tail: read it all
+			err = scanSegment(path, func(e Event) bool {
+				seq = max(seq, e.Seq)
+				return true
+			})
+			if err != nil && !errors.Is(err, fs.ErrNotExist) {
+				return 0, err
+			}
+		}
+		if seq > 0 {
+			return seq, nil
+		}
+	}
+	return 0, nil
+}
+
+// lastSeqInTail parses the last whole event line within the file's final
+// tailBytes; 0 when there is none.
+func lastSeqInTail(path string) (int64, error) {
+	f, err := os.Open(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return 0, err
+	}
+	off := max(fi.Size()-tailBytes, 0)
+	buf := make([]byte, fi.Size()-off)
+	if _, err := f.ReadAt(buf, off); err != nil && !errors.Is(err, io.EOF) {
+		return 0, err
+	}
+	lines := bytes.Split(buf, []byte("\n"))
+	// The first piece may be cut (unless the tail is the whole file). A
+	// torn last line does not parse and is skipped, as scanSegment does.
+	first := 1
+	if off == 0 {
+		first = 0
+	}
+	for i := len(lines) - 1; i >= first; i-- {
+		var e Event
+		if json.Unmarshal(lines[i], &e) == nil && e.Seq > 0 {
+			return e.Seq, nil
+		}
+	}
+	return 0, nil
 }
 
 // scanSegment calls fn for each well-formed event line until fn returns

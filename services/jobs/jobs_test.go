@@ -1,9 +1,11 @@
 package jobs
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"io"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -530,4 +532,222 @@ func TestPruneDeletesEndedJobsPastRetention(t *testing.T) {
 	if info, err := m.Status(context.Background(), "alice", live); err != nil || info.Status != StatusRunning {
 		t.Fatalf("a running job was pruned: %+v %v", info, err)
 	}
+}
+
+// List reports the same last_seq as Status, live and ended.
+func TestListReportsLastSeq(t *testing.T) {
+	m := openTest(t, t.TempDir(), nil)
+	ctx := context.Background()
+	id := start(t, m, "alice", "s1", `echo one; echo two; read x`, true)
+	waitFor(t, m, "alice", id, func(e Event) bool { return e.Type == EventStdout && strings.Contains(e.Data, "two") })
+	check := func(when string) {
+		t.Helper()
+		info, err := m.Status(ctx, "alice", id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		list, err := m.List(ctx, "alice", "", 10)
+		if err != nil || len(list) != 1 {
+			t.Fatalf("list %+v %v", list, err)
+		}
+		if info.LastSeq < 2 || list[0].LastSeq != info.LastSeq {
+			t.Fatalf("%s: list last_seq %d, status %d", when, list[0].LastSeq, info.LastSeq)
+		}
+	}
+	check("running")
+	if err := m.SendStdin(ctx, "alice", id, nil, true); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, m, "alice", id, func(e Event) bool { return e.Type == EventExit })
+	check("ended")
+}
+
+// lastSeqOnDisk reads only a segment's tail, but falls back to the whole
+// segment when its last line is longer than the tail, and skips a torn
+// last line.
+func TestLastSeqOnDisk(t *testing.T) {
+	dir := t.TempDir()
+	l, err := openLog(dir, 1<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	for i := 0; i < 100; i++ {
+		if _, err := l.append(Event{Type: EventStdout, Data: strings.Repeat("x", 500)}, now); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got, err := lastSeqOnDisk(dir); err != nil || got != 100 {
+		t.Fatalf("last seq %d %v, want 100", got, err)
+	}
+	if _, err := l.append(Event{Type: EventStdout, Data: strings.Repeat("y", 3*tailBytes)}, now); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := lastSeqOnDisk(dir); err != nil || got != 101 {
+		t.Fatalf("after a long line: %d %v, want 101", got, err)
+	}
+	if err := l.close(); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.OpenFile(filepath.Join(dir, segName(1)), os.O_WRONLY|os.O_APPEND, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = f.WriteString(`{"seq":102,"ts":"x","type":"std`) // a crash mid-write
+	f.Close()
+	if got, err := lastSeqOnDisk(dir); err != nil || got != 101 {
+		t.Fatalf("after a torn line: %d %v, want 101", got, err)
+	}
+}
+
+// A long-poll that got output gathers what follows within the window, so
+// ten lines printed at intervals take a few reads, not one per line; a
+// full page ends the window early.
+func TestWaitGathersOutput(t *testing.T) {
+	m := openTest(t, t.TempDir(), nil)
+	id := start(t, m, "alice", "s1", `for i in $(seq 1 10); do echo line$i; sleep 0.02; done`, false)
+	var since int64
+	var out strings.Builder
+	reads := 0
+	for {
+		reads++
+		page, err := m.Read(context.Background(), "alice", id, ReadRequest{Since: since, Wait: 10 * time.Second,
+			MaxEvents: 100, MaxBytes: 1 << 20, Gather: 250 * time.Millisecond})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, e := range page.Events {
+			if e.Seq != since+1 {
+				t.Fatalf("seq %d after %d", e.Seq, since)
+			}
+			since = e.Seq
+			out.WriteString(e.Data)
+		}
+		if page.Status != StatusRunning && !page.More {
+			break
+		}
+		if reads > 20 {
+			t.Fatal("job did not end")
+		}
+	}
+	if !strings.HasSuffix(out.String(), "line10\n") || strings.Count(out.String(), "line") != 10 {
+		t.Fatalf("output %q", out.String())
+	}
+	if reads > 6 {
+		t.Fatalf("%d reads for 10 lines: output was not gathered", reads)
+	}
+
+	// A page that fills ends the window at once.
+	id = start(t, m, "alice", "s2", `head -c 100000 /dev/zero | tr '\0' x; sleep 30`, false)
+	t0 := time.Now()
+	page, err := m.Read(context.Background(), "alice", id, ReadRequest{Wait: 30 * time.Second, MaxEvents: 1000, MaxBytes: 8 << 10, Gather: 20 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	size := 0
+	for _, e := range page.Events {
+		size += len(e.Data)
+	}
+	if !page.More && size < 8<<10 || time.Since(t0) > 10*time.Second {
+		t.Fatalf("full page: %d bytes, more=%v after %s", size, page.More, time.Since(t0))
+	}
+}
+
+// Refused network requests are recorded on the job: counted per host, port
+// and rule, logged once in order with the output, reported by Read, Status
+// and List, and kept after the job ends and the broker restarts.
+func TestEgressDenialsRecorded(t *testing.T) {
+	dir := t.TempDir()
+	m := openTest(t, dir, nil)
+	ctx := context.Background()
+	var deny func(EgressDenial)
+	built := make(chan struct{})
+	id, err := m.Start(ctx, StartRequest{Principal: "alice", SessionID: "s1", SessionKey: "s1",
+		Runner: procRunner{dir: t.TempDir()}, Spec: sandbox.JobSpec{Command: `read x; echo done`, Timeout: 30 * time.Second, Interactive: true},
+		Network: "allow=*.example.org",
+		Egress: func(d func(EgressDenial)) (func(net.Listener), error) {
+			deny = d
+			close(built)
+			return func(net.Listener) {}, nil
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-built
+	blocked := EgressDenial{Host: "blocked.example.net", Port: 443, Reason: "not_in_allowed_domains", Rule: "allowed_domains [*.example.org]"}
+	deny(blocked)
+	deny(blocked)
+	deny(EgressDenial{Host: "10.0.0.1", Port: 443, Reason: "ip_literal", Rule: "allowed_domains lists domain names only"})
+	check := func(when string, got []EgressDenial) {
+		t.Helper()
+		if len(got) != 2 || got[0].Host != blocked.Host || got[0].Count != 2 || got[0].Rule != blocked.Rule || got[1].Count != 1 {
+			t.Fatalf("%s: denials %+v", when, got)
+		}
+	}
+	out, err := m.Read(ctx, "alice", id, ReadRequest{MaxEvents: 100, MaxBytes: 1 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	check("read", out.EgressDenied)
+	var logged []Event
+	for _, e := range out.Events {
+		if e.Type == EventEgressDenied {
+			logged = append(logged, e)
+		}
+	}
+	if len(logged) != 2 || logged[0].Host != blocked.Host || logged[0].Port != 443 || logged[0].Rule != blocked.Rule {
+		t.Fatalf("logged %+v", logged)
+	}
+	if err := m.SendStdin(ctx, "alice", id, []byte("go\n"), true); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, m, "alice", id, func(e Event) bool { return e.Type == EventExit })
+	info, err := m.Status(ctx, "alice", id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	check("status after the end", info.EgressDenied)
+	list, err := m.List(ctx, "alice", "", 10)
+	if err != nil || len(list) != 1 {
+		t.Fatal(list, err)
+	}
+	check("list", list[0].EgressDenied)
+	closeCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	_ = m.Close(closeCtx)
+	m2 := openTest(t, dir, nil)
+	if info, err = m2.Status(ctx, "alice", id); err != nil {
+		t.Fatal(err)
+	}
+	check("after a restart", info.EgressDenied)
+	if _, err := m2.Status(ctx, "bob", id); brokererr.CodeOf(err) != brokererr.SandboxNotFound {
+		t.Fatalf("another principal: %v", err)
+	}
+}
+
+// FuzzLastSeqOnDisk: whatever a segment holds (torn, long or garbled
+// lines), reading only its tail finds the same last seq as a whole scan.
+func FuzzLastSeqOnDisk(f *testing.F) {
+	f.Add([]byte("{\"seq\":1,\"type\":\"ready\"}\n{\"seq\":2,\"type\":\"exit\"}\n"))
+	f.Add([]byte("{\"seq\":7}\n{\"seq\":8,\"ty"))
+	f.Add([]byte("garbage\n\n{\"seq\":-3}\n"))
+	f.Add(append([]byte("{\"seq\":4}\n{\"seq\":5,\"data\":\""), append(bytes.Repeat([]byte("x"), 20000), []byte("\"}\n")...)...))
+	f.Fuzz(func(t *testing.T, seg []byte) {
+		dir := t.TempDir()
+		if err := os.WriteFile(filepath.Join(dir, segName(1)), seg, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		got, err := lastSeqOnDisk(dir)
+		if err != nil {
+			t.Fatalf("error on content: %v", err)
+		}
+		var want int64
+		_ = scanSegment(filepath.Join(dir, segName(1)), func(e Event) bool {
+			want = e.Seq // the last whole event line
+			return true
+		})
+		if got != want {
+			t.Fatalf("last seq %d, a whole scan says %d", got, want)
+		}
+	})
 }

@@ -84,6 +84,8 @@ type job struct {
 	done                      chan struct{}
 	mu                        sync.Mutex
 	cancelled                 bool
+	denials                   []EgressDenial // under mu
+	deniedOther               int            // denials past maxDenials
 }
 
 // Info is a job's status as the tools report it.
@@ -100,6 +102,9 @@ type Info struct {
 	StartedAt   string `json:"started_at"`
 	EndedAt     string `json:"ended_at,omitempty"`
 	LastSeq     int64  `json:"last_seq"`
+	// EgressDenied lists the network requests the job's proxy refused.
+	EgressDenied      []EgressDenial `json:"egress_denied,omitempty"`
+	EgressDeniedOther int            `json:"egress_denied_other,omitempty"`
 }
 
 const schema = `CREATE TABLE IF NOT EXISTS jobs(
@@ -254,6 +259,9 @@ type StartRequest struct {
 	Runner     sandbox.JobRunner
 	Spec       sandbox.JobSpec // ID is assigned here
 	Network    string          // the egress policy, as recorded
+	// Egress, when set, builds the job's network path once the job exists,
+	// so that the requests it refuses are recorded on the job.
+	Egress EgressBuilder
 	// OnEnd runs once the job has ended and its status is stored (unpin
 	// the session, bill the time).
 	OnEnd func(sandbox.JobExit)
@@ -351,6 +359,15 @@ func (m *Manager) Start(ctx context.Context, req StartRequest) (string, error) {
 		m.finish(j, sandbox.JobExit{Err: err}, req.OnEnd)
 		return "", brokererr.Wrap(err, brokererr.Unavailable, "job log unavailable")
 	}
+	if req.Egress != nil {
+		if spec.Egress, err = req.Egress(func(d EgressDenial) { m.deny(j, d) }); err != nil {
+			m.finish(j, sandbox.JobExit{Err: err}, req.OnEnd)
+			if brokererr.As(err) != nil {
+				return "", err
+			}
+			return "", brokererr.Wrap(err, brokererr.Unavailable, "cannot give the execution a network path")
+		}
+	}
 	h, err := req.Runner.StartJob(ctx, spec, sink)
 	if err != nil {
 		m.finish(j, sandbox.JobExit{Err: err}, req.OnEnd)
@@ -436,6 +453,7 @@ func (m *Manager) finish(j *job, x sandbox.JobExit, onEnd func(sandbox.JobExit))
 	if _, err := j.log.append(ev, now); err != nil {
 		m.o.Log.Warn().Str("execution_id", j.id).Msg("job_log_append_failed")
 	}
+	m.saveDenials(j)
 	var exit any
 	if status != StatusError {
 		exit = code
@@ -493,31 +511,21 @@ func (m *Manager) Status(ctx context.Context, principal, id string) (Info, error
 	if err != nil {
 		return Info{}, brokererr.Wrap(err, brokererr.Unavailable, "job store unavailable")
 	}
-	if l := m.liveLog(principal, id); l != nil {
-		l.mu.Lock()
-		info.LastSeq = l.next - 1
-		l.mu.Unlock()
-	} else if lg, err := openLogReadOnly(m.logDir(id)); err == nil {
-		info.LastSeq = lg
-	}
+	m.fillLastSeq(principal, &info)
+	info.EgressDenied, info.EgressDeniedOther = m.denials(principal, id)
 	return info, nil
 }
 
-// openLogReadOnly returns the last seq on disk without keeping files open.
-func openLogReadOnly(dir string) (int64, error) {
-	l := &eventLog{dir: dir}
-	segs, err := l.segments()
-	if err != nil {
-		return 0, err
+// fillLastSeq sets info.LastSeq from the live log or, for an ended job,
+// from the end of its log on disk.
+func (m *Manager) fillLastSeq(principal string, info *Info) {
+	if l := m.liveLog(principal, info.ID); l != nil {
+		l.mu.Lock()
+		info.LastSeq = l.next - 1
+		l.mu.Unlock()
+	} else if last, err := lastSeqOnDisk(m.logDir(info.ID)); err == nil {
+		info.LastSeq = last
 	}
-	var last int64
-	for _, n := range segs {
-		_ = scanSegment(filepath.Join(dir, segName(n)), func(e Event) bool {
-			last = max(last, e.Seq)
-			return true
-		})
-	}
-	return last, nil
 }
 
 func scanInfo(scan func(...any) error) (Info, error) {
@@ -565,7 +573,14 @@ func (m *Manager) List(ctx context.Context, principal, sessionID string, limit i
 		}
 		out = append(out, i)
 	}
-	return out, rows.Err()
+	if err := rows.Err(); err != nil {
+		return nil, brokererr.Wrap(err, brokererr.Unavailable, "job store unavailable")
+	}
+	for i := range out {
+		m.fillLastSeq(principal, &out[i])
+		out[i].EgressDenied, out[i].EgressDeniedOther = m.denials(principal, out[i].ID)
+	}
+	return out, nil
 }
 
 func (m *Manager) liveJob(principal, id string) *job {
@@ -590,23 +605,42 @@ type ReadRequest struct {
 	Wait      time.Duration // 0: answer at once
 	MaxEvents int
 	MaxBytes  int
+	// Gather, with Wait, keeps collecting for this long after the first
+	// new event (or until MaxEvents, MaxBytes or the job's end), so that
+	// output arriving line by line comes back in one answer.
+	Gather time.Duration
 }
 
 // Output is what Read returns.
 type Output struct {
 	Page
 	Status string
+	// The job's refused network requests so far (all of them, not only
+	// those of this page).
+	EgressDenied      []EgressDenial
+	EgressDeniedOther int
 }
 
 // Read returns the caller's job events after req.Since. With Wait it blocks
-// until there is at least one, the job ends, Wait passes or ctx ends.
+// until there is at least one (then gathers for req.Gather), the job ends,
+// Wait passes or ctx ends.
 func (m *Manager) Read(ctx context.Context, principal, id string, req ReadRequest) (Output, error) {
+	out, err := m.read(ctx, principal, id, req)
+	if err != nil {
+		return Output{}, err
+	}
+	out.EgressDenied, out.EgressDeniedOther = m.denials(principal, id)
+	return out, nil
+}
+
+func (m *Manager) read(ctx context.Context, principal, id string, req ReadRequest) (Output, error) {
 	info, err := m.Status(ctx, principal, id)
 	if err != nil {
 		return Output{}, err
 	}
 	deadline := time.NewTimer(req.Wait)
 	defer deadline.Stop()
+	final := false // the read after gathering is the last
 	for {
 		j := m.liveJob(principal, id)
 		var l *eventLog
@@ -634,8 +668,20 @@ func (m *Manager) Read(ctx context.Context, principal, id string, req ReadReques
 		if j == nil && status == StatusRunning {
 			status = StatusError
 		}
-		if len(p.Events) > 0 || p.Dropped > 0 || j == nil || req.Wait <= 0 {
+		got := len(p.Events) > 0 || p.Dropped > 0
+		if final || j == nil || req.Wait <= 0 || p.More || got && req.Gather <= 0 {
 			return Output{Page: p, Status: status}, nil
+		}
+		if got { // once: the next read is final
+			gather := time.NewTimer(req.Gather)
+			defer gather.Stop()
+			// The log is read once more after the window, the job's end or
+			// a full page, not at every event.
+			if !l.gatherWait(ctx, j.done, gather.C, deadline.C, p, req) {
+				return Output{Page: p, Status: status}, nil
+			}
+			final = true
+			continue
 		}
 		select {
 		case <-changed:
@@ -647,6 +693,38 @@ func (m *Manager) Read(ctx context.Context, principal, id string, req ReadReques
 			return Output{Page: p, Status: status}, nil
 		case <-ctx.Done():
 			return Output{Page: p, Status: status}, nil
+		}
+	}
+}
+
+// gatherWait waits, after a read that returned page p, until enough new
+// events have been appended to fill the page, the job ends, or one of the
+// timers fires. It reports whether the log is worth reading again: false
+// when a timer fired or ctx ended with nothing new since p.
+func (l *eventLog) gatherWait(ctx context.Context, done <-chan struct{}, gathered, deadline <-chan time.Time, p Page, req ReadRequest) bool {
+	next0, written0 := l.counters()
+	size := 0
+	for _, e := range p.Events {
+		size += len(e.Data)
+	}
+	for {
+		changed := l.wait()
+		next, written := l.counters()
+		if int(next-next0)+len(p.Events) >= req.MaxEvents || int(written-written0)+size >= req.MaxBytes {
+			return true
+		}
+		select {
+		case <-changed:
+		case <-done:
+			return true
+		case <-gathered:
+			next, _ := l.counters()
+			return next != next0
+		case <-deadline:
+			next, _ := l.counters()
+			return next != next0
+		case <-ctx.Done():
+			return false
 		}
 	}
 }
@@ -682,8 +760,17 @@ func (m *Manager) SendStdin(ctx context.Context, principal, id string, data []by
 	defer cancel()
 	if len(data) > 0 {
 		if err := j.handle.WriteStdin(ctx, data); err != nil {
-			if ctx.Err() != nil {
-				return brokererr.New(brokererr.SandboxTimeout, "execution %s did not read its stdin within %s", id, stdinTimeout)
+			var part *sandbox.PartialStdinError
+			switch {
+			case ctx.Err() != nil && errors.As(err, &part):
+				// Part of it is in or on its way: sending it again would
+				// repeat that part, so this is not retryable as is.
+				e := brokererr.New(brokererr.SandboxTimeout, "execution %s did not read its stdin within %s: %d of %d bytes were accepted; send only the last %d",
+					id, stdinTimeout, part.Written+part.Queued, part.Total, part.Total-part.Written-part.Queued)
+				e.Retryable = false
+				return e
+			case ctx.Err() != nil:
+				return brokererr.New(brokererr.SandboxTimeout, "execution %s did not read its stdin within %s; nothing was sent", id, stdinTimeout)
 			}
 			return brokererr.Wrap(err, brokererr.Conflict, "stdin of execution %s is closed", id)
 		}

@@ -22,14 +22,17 @@ var etcFiles = map[string]string{
 }
 
 // hostEtc is what the sandbox sees of the host's /etc, read-only: the
-// loader cache, CA certificates and the alternatives symlinks /usr needs.
-// Everything else (shadow, ssh, sudoers, resolv.conf, …) is absent.
+// loader cache, CA certificates, the alternatives symlinks /usr needs and
+// matplotlib's defaults (Debian keeps them in /etc; matplotlib does not
+// import without them). Everything else (shadow, ssh, sudoers,
+// resolv.conf, …) is absent.
 var hostEtc = []string{
 	"/etc/ld.so.cache",
 	"/etc/ssl/certs",
 	"/etc/ssl/openssl.cnf",
 	"/etc/alternatives",
 	"/etc/localtime",
+	"/etc/matplotlibrc",
 }
 
 // writeEtc writes the synthetic /etc files into dir (root-owned, 0644).

@@ -95,7 +95,7 @@ func jobError(err error) error {
 		case agent.JobErrInvalid:
 			return brokererr.New(brokererr.InvalidInput, "the job was refused: %s", msg)
 		case agent.JobErrLimit:
-			return brokererr.New(brokererr.QuotaExceeded, "too many jobs are running in this sandbox: %s", msg)
+			return brokererr.New(brokererr.QuotaExceeded, "too many jobs are running in this sandbox: %s", msg).WithRetryAfter(time.Second)
 		}
 	}
 	return brokererr.Wrap(err, brokererr.Unavailable, "the sandbox could not start the job")
@@ -107,7 +107,7 @@ func jobError(err error) error {
 // less the umask: only the owner may connect when the umask is 022), and
 // the owner is set with lchown(2). Close unlinks the name, never a target.
 func (b *Backend) egressListener(p string, uid, gid int) (net.Listener, error) {
-	ln, err := net.Listen("unix", p)
+	ln, err := agent.ListenSocket(p)
 	if err != nil {
 		return nil, err
 	}

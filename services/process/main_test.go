@@ -166,13 +166,21 @@ func newBackend(t testing.TB, mod func(*Options)) *Backend {
 	return b
 }
 
-// testUIDs is the sandbox uid range of these tests (the broker's default).
-const testUIDs = 65536
+// testUIDBase and testUIDs are the sandbox uid range of these tests: as
+// large as the broker's default, and beside it rather than on it, since the
+// end-to-end tests' brokers (tests/) run their sandboxes from the default
+// range while these run (go test runs packages in parallel), and
+// RLIMIT_NPROC counts every thread of a uid (TestRlimits sets it to 48; a
+// notebook kernel alone has a dozen).
+const (
+	testUIDBase = 1_901_000_000
+	testUIDs    = 65536
+)
 
 // newUIDs opens a uid allocator in root's state database.
 func newUIDs(t testing.TB, root string) *uids.Allocator {
 	t.Helper()
-	a, err := uids.Open(context.Background(), filepath.Join(root, "state.db"), 1_900_000_000, testUIDs)
+	a, err := uids.Open(context.Background(), filepath.Join(root, "state.db"), testUIDBase, testUIDs)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -236,7 +244,7 @@ func waitFor(t testing.TB, d time.Duration, what string, cond func() bool) {
 // root given in PROCESS_TEST_ROOT, prints the bwrap pid and waits to die.
 func orphanHelper() int {
 	root := os.Getenv("PROCESS_TEST_ROOT")
-	ids, err := uids.Open(context.Background(), filepath.Join(root, "state.db"), 1_900_000_000, testUIDs)
+	ids, err := uids.Open(context.Background(), filepath.Join(root, "state.db"), testUIDBase, testUIDs)
 	if err != nil {
 		fmt.Println("error:", err)
 		return 1

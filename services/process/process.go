@@ -119,6 +119,8 @@ type Backend struct {
 	live   map[*sbx]bool // every started sandbox, for Close
 	closed bool
 	bg     sync.WaitGroup
+
+	kernels sandbox.KernelLedgers // by workspace ID
 }
 
 var _ sandbox.Backend = (*Backend)(nil)

@@ -30,6 +30,10 @@ type sbx struct {
 
 	stopOnce sync.Once
 	stopErr  error
+
+	// kernelSID is the host session ID of its notebook kernel (see
+	// agent.Strays); guarded by the session's runMu.
+	kernelSID int
 }
 
 func (s *sbx) alive() bool {
@@ -261,11 +265,10 @@ func descendants(pid int) []procKey {
 	return out
 }
 
-// sessions returns the session IDs of every live thread in the sandbox
-// (nil when the tree cannot be read). Like the Docker engine's check:
-// every run starts a session of its own, while the agent, zygote and
-// spare live in sessions that existed before the run.
-func (s *sbx) sessions() map[int]bool {
+// sessions maps the session ID of every live thread in the sandbox to
+// its threads (nil when the tree cannot be read), as agent.Strays reads
+// them: a live leader stands for its process's threads.
+func (s *sbx) sessions() map[int][]int {
 	var tree []procKey
 	if pids := s.cg.pids(); s.cg != nil && pids != nil {
 		for _, p := range pids {
@@ -277,12 +280,12 @@ func (s *sbx) sessions() map[int]bool {
 	if len(tree) == 0 {
 		return nil
 	}
-	out := map[int]bool{}
+	out := map[int][]int{}
 	for _, p := range tree {
 		// The session is the whole process's: a live leader answers for
 		// its threads. Only a dead leader's threads are read one by one.
 		if st, ok := procStat(p.pid, p.pid); ok && st.Live() {
-			out[st.Session] = true
+			out[st.Session] = append(out[st.Session], p.pid)
 			continue
 		}
 		tasks, _ := os.ReadDir(fmt.Sprintf("/proc/%d/task", p.pid))
@@ -292,7 +295,7 @@ func (s *sbx) sessions() map[int]bool {
 				continue
 			}
 			if st, ok := procStat(p.pid, tid); ok && st.Live() {
-				out[st.Session] = true
+				out[st.Session] = append(out[st.Session], tid)
 			}
 		}
 	}

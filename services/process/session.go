@@ -30,6 +30,8 @@ type Session struct {
 	mu        sync.Mutex // guards sb and destroyed
 	sb        *sbx
 	destroyed bool
+
+	kernel *sandbox.KernelLedger // the notebook kernel in its sandbox
 }
 
 var (
@@ -51,7 +53,7 @@ func (b *Backend) Open(ctx context.Context, ref sandbox.SessionRef) (sandbox.Ses
 	if closed {
 		return nil, brokererr.New(brokererr.Unavailable, "the process sandbox backend is shut down")
 	}
-	s := &Session{b: b, ref: ref}
+	s := &Session{b: b, ref: ref, kernel: b.kernels.Get(ref.WorkspaceID)}
 	var err error
 	if s.uid, s.gid, err = b.sessionIDs(ctx, ref.WorkspaceID); err != nil {
 		return nil, err
@@ -84,6 +86,7 @@ func (s *Session) sandbox(ctx context.Context) (*sbx, error) {
 	}
 	if s.sb != nil {
 		s.b.log.Info().Str("sandbox", s.sb.id).Msg("sandbox_died_restarting")
+		s.kernel.Lost(sandbox.LostStopped)
 		_ = s.b.stop(ctx, s.sb)
 		s.sb = nil
 	}
@@ -100,11 +103,13 @@ func (s *Session) sandbox(ctx context.Context) (*sbx, error) {
 	return sb, nil
 }
 
-// retire stops sb and forgets it if it is still the session's sandbox.
-func (s *Session) retire(sb *sbx) {
+// retire stops sb and forgets it if it is still the session's sandbox;
+// why says what that did to a notebook kernel in it.
+func (s *Session) retire(sb *sbx, why string) {
 	s.mu.Lock()
 	if s.sb == sb {
 		s.sb = nil
+		s.kernel.Lost(why)
 	}
 	s.mu.Unlock()
 	s.b.bg.Add(1)
@@ -154,6 +159,7 @@ func (s *Session) Exec(ctx context.Context, req sandbox.ExecRequest) (sandbox.Ex
 		Code:           req.Code,
 		TimeoutMS:      max(timeout.Milliseconds(), 1),
 		MaxOutputBytes: req.MaxOutputBytes,
+		Mode:           req.Mode,
 	})
 	hardStop := rctx.Err() != nil && ctx.Err() == nil
 	cancel()
@@ -165,7 +171,7 @@ func (s *Session) Exec(ctx context.Context, req sandbox.ExecRequest) (sandbox.Ex
 	if err != nil {
 		// The agent is gone, hung or the caller gave up: the sandbox's
 		// state is unknown, so it goes; the next Exec starts a new one.
-		s.retire(sb)
+		s.retire(sb, sandbox.LostUnresponsive)
 		switch {
 		case hardStop:
 			s.b.log.Warn().Str("sandbox", sb.id).Dur("timeout", timeout).Msg("sandbox_missed_deadline_killed")
@@ -185,30 +191,39 @@ func (s *Session) Exec(ctx context.Context, req sandbox.ExecRequest) (sandbox.Ex
 	if !res.TimedOut && (resp.Signal == "SIGKILL" || resp.ExitCode == 137) && oomBefore >= 0 {
 		res.OOMKilled = sb.cg.oomKills() > oomBefore
 	}
+	s.kernel.Observe(&res)
 	// A run that timed out, hit the OOM killer or left processes behind
 	// may have left the sandbox in a bad state: the next run gets a fresh
 	// one. Files in the workspace stay.
-	if res.TimedOut || res.OOMKilled || !sb.alive() || s.hasStrays(sb, sessionsBefore) {
-		s.retire(sb)
+	switch {
+	case res.TimedOut:
+		s.retire(sb, sandbox.LostTimeout)
+	case res.OOMKilled:
+		s.retire(sb, sandbox.LostOOM)
+	case !sb.alive():
+		s.retire(sb, sandbox.LostStopped)
+	case s.hasStrays(sb, sessionsBefore, res.Kernel):
+		s.retire(sb, sandbox.LostStrays)
 	}
 	return res, nil
 }
 
 // hasStrays reports processes a run left, read from the host's /proc
-// rather than from the (untrusted) agent: any live thread in a session
-// that did not exist before the run. Live jobs are not strays (a job
-// started during the run would be; the sandbox is then replaced).
-func (s *Session) hasStrays(sb *sbx, before map[int]bool) bool {
+// rather than from the (untrusted) agent (see agent.Strays), and keeps
+// track of the sandbox's notebook kernel session. Live jobs are not strays
+// (a job started during the run would be; the sandbox is then replaced).
+// Caller holds runMu.
+func (s *Session) hasStrays(sb *sbx, before map[int][]int, kernel *sandbox.KernelStatus) bool {
 	if before == nil {
 		return false
 	}
-	for sid := range sb.sessions() {
-		if !before[sid] {
-			s.b.log.Info().Str("sandbox", sb.id).Int("session", sid).Msg("sandbox_strays_found")
-			return true
-		}
+	started := kernel != nil && kernel.Started && kernel.Ended == ""
+	stray, sid := agent.Strays(before, sb.sessions(), sb.kernelSID, started)
+	sb.kernelSID = sid
+	if stray {
+		s.b.log.Info().Str("sandbox", sb.id).Msg("sandbox_strays_found")
 	}
-	return false
+	return stray
 }
 
 // openWorkspace opens the session's workspace, creating it on first use.
@@ -227,7 +242,7 @@ func (s *Session) openWorkspace() (*workspace.Workspace, error) {
 // quotaExceeded removes what the run wrote, retires the sandbox and
 // reports QUOTA_EXCEEDED.
 func (s *Session) quotaExceeded(w *workspace.Workspace, before map[string]workspace.FileStamp, sb *sbx, dur time.Duration) (sandbox.ExecResult, error) {
-	s.retire(sb)
+	s.retire(sb, sandbox.LostQuota)
 	w.RemoveChanged(before)
 	l := w.Limits()
 	return sandbox.ExecResult{Duration: dur, ExitCode: -1}, brokererr.New(brokererr.QuotaExceeded,
@@ -254,6 +269,18 @@ func (s *Session) WriteFile(ctx context.Context, p string, data []byte, overwrit
 	}
 	defer w.Close()
 	return w.Write(p, data, overwrite)
+}
+
+// PrepareWorkspace implements sandbox.Session.
+func (s *Session) PrepareWorkspace(ctx context.Context) error {
+	if err := s.checkLive(); err != nil {
+		return err
+	}
+	w, err := s.openWorkspace()
+	if err != nil {
+		return err
+	}
+	return w.Close()
 }
 
 // ReadFile implements sandbox.Session.
@@ -291,6 +318,7 @@ func (s *Session) stopLocked(ctx context.Context) error {
 func (s *Session) Release(ctx context.Context) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.kernel.Lost(sandbox.LostIdle)
 	return s.stopLocked(ctx)
 }
 
@@ -302,6 +330,7 @@ func (s *Session) Destroy(ctx context.Context) error {
 		return err
 	}
 	s.destroyed = true
+	s.b.kernels.Forget(s.ref.WorkspaceID)
 	if err := os.RemoveAll(s.ref.Dir); err != nil {
 		return brokererr.Wrap(err, brokererr.InternalError, "cannot delete the workspace")
 	}

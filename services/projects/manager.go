@@ -134,13 +134,16 @@ func (m *Manager) Create(ctx context.Context, principal string, req CreateReques
 	// parallel calls must not all pass the check.
 	m.mu.Lock()
 	var n int
-	if err := m.db.QueryRowContext(ctx, `SELECT COUNT(*) FROM projects WHERE principal = ?`, principal).Scan(&n); err != nil {
+	var oldest int64
+	if err := m.db.QueryRowContext(ctx, `SELECT COUNT(*), COALESCE(MIN(expires_at), 0) FROM projects WHERE principal = ?`, principal).Scan(&n, &oldest); err != nil {
 		m.mu.Unlock()
 		return Record{}, nil, brokererr.Wrap(err, brokererr.Unavailable, "project store unavailable")
 	}
 	if n += m.pending[principal]; n >= MaxPerPrincipal {
 		m.mu.Unlock()
-		return Record{}, nil, brokererr.New(brokererr.QuotaExceeded, "you have %d project sandboxes; each is destroyed %s after creation", n, m.ttl)
+		// A slot frees when the oldest expires (the reaper removes it).
+		wait := max(time.Unix(oldest, 0).Sub(m.now()), time.Second)
+		return Record{}, nil, brokererr.New(brokererr.QuotaExceeded, "you have %d project sandboxes; each is destroyed %s after creation", n, m.ttl).WithRetryAfter(wait)
 	}
 	m.pending[principal]++
 	m.mu.Unlock()
@@ -235,7 +238,13 @@ func (m *Manager) List(ctx context.Context, principal string) ([]Record, error) 
 // Reap destroys expired sandboxes (shut down and deleted at the provider);
 // a row stays until its sandbox is gone, so a failed destroy is retried.
 func (m *Manager) Reap(ctx context.Context) {
-	rows, err := m.db.QueryContext(ctx, `SELECT id FROM projects WHERE expires_at <= ?`, m.now().Unix())
+	now := m.now()
+	// An expiry more than a TTL away means the wall clock was stepped
+	// back: the sandbox still ends at most a TTL from now.
+	if _, err := m.db.ExecContext(ctx, `UPDATE projects SET expires_at = ?1 WHERE expires_at > ?1`, now.Add(m.ttl).Unix()); err != nil {
+		m.log.Warn().Msg("project_clock_fix_failed")
+	}
+	rows, err := m.db.QueryContext(ctx, `SELECT id FROM projects WHERE expires_at <= ?`, now.Unix())
 	if err != nil {
 		m.log.Warn().Msg("project_reap_query_failed")
 		return

@@ -89,6 +89,28 @@ func TestOwnershipAndTTL(t *testing.T) {
 	}
 }
 
+// TestClockSteppedBack: a sandbox created before the wall clock is
+// stepped back (a day here) is not destroyed early, and still ends at most
+// a TTL after the step rather than a TTL plus the step.
+func TestClockSteppedBack(t *testing.T) {
+	m, fake, clk := newManager(t)
+	ctx := context.Background()
+	rec, _, err := m.Create(ctx, "alice", projects.CreateRequest{ProjectName: "x", Template: "node"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	clk.add(-24 * time.Hour)
+	m.Reap(ctx)
+	if _, err := m.Get(ctx, "alice", rec.ID); err != nil {
+		t.Fatalf("the step ended a live sandbox: %v", err)
+	}
+	clk.add(projects.TTL + time.Second)
+	m.Reap(ctx)
+	if st, ok := fake.Sandbox(rec.ID); ok && !st.Deleted {
+		t.Fatalf("a TTL after the step the sandbox lives on: %+v", st)
+	}
+}
+
 func TestFailedDestroyIsRetried(t *testing.T) {
 	m, fake, clk := newManager(t)
 	ctx := context.Background()
@@ -159,6 +181,11 @@ func TestPerPrincipalCapHoldsUnderParallelCreates(t *testing.T) {
 	}
 	if ok != projects.MaxPerPrincipal || refused != tries-projects.MaxPerPrincipal {
 		t.Fatalf("%d created, %d refused", ok, refused)
+	}
+	// The refusal is retryable once the oldest sandbox expires.
+	_, _, err := m.Create(context.Background(), "alice", projects.CreateRequest{ProjectName: "p", Template: "node"})
+	if be := brokererr.As(err); be == nil || !be.Retryable || be.RetryAfter <= 0 || be.RetryAfter > projects.TTL {
+		t.Fatalf("refusal %#v: want retryable after at most %s", be, projects.TTL)
 	}
 	// Another principal is not affected.
 	if _, _, err := m.Create(context.Background(), "bob", projects.CreateRequest{ProjectName: "p", Template: "node"}); err != nil {

@@ -50,9 +50,19 @@ func (s *Store) take(ctx context.Context, principal string, kind Kind, size, lim
 	err := s.writeTx(ctx, func(tx *sql.Tx, now time.Time) error {
 		nowMs := now.UnixMilli()
 		cur := windowStart(nowMs, size)
-		prevN, curN, err := s.pair(ctx, tx, principal, kind, cur-size, cur)
+		prevN, curN, stepped, err := s.pair(ctx, tx, principal, kind, cur-size, cur)
 		if err != nil {
 			return err
+		}
+		if stepped {
+			// A bucket after the current window: the wall clock was
+			// stepped back, and the windows it re-enters hold counts from
+			// before the step. They are forgotten, so the budget starts
+			// afresh once instead of refusing for as long as the step.
+			if _, err := tx.ExecContext(ctx, sqlForget, principal, string(kind), cur-size); err != nil {
+				return fmt.Errorf("quota: forget %s after a clock step: %w", kind, err)
+			}
+			prevN, curN = 0, 0
 		}
 		d.Allowed, d.Remaining, d.RetryAfter = slide(nowMs-cur, size, limit, prevN, curN)
 		if !d.Allowed {
@@ -66,28 +76,32 @@ func (s *Store) take(ctx context.Context, principal string, kind Kind, size, lim
 	return d, nil
 }
 
-// pair reads the counts of the previous and current windows (0 if absent).
-func (s *Store) pair(ctx context.Context, tx *sql.Tx, principal string, kind Kind, prevStart, curStart int64) (prev, cur int64, err error) {
-	rows, err := tx.StmtContext(ctx, s.selectPair).QueryContext(ctx, principal, string(kind), prevStart, curStart)
+// pair reads the counts of the previous and current windows (0 if absent)
+// and whether a later window has a bucket (the clock was stepped back).
+func (s *Store) pair(ctx context.Context, tx *sql.Tx, principal string, kind Kind, prevStart, curStart int64) (prev, cur int64, stepped bool, err error) {
+	rows, err := tx.StmtContext(ctx, s.selectPair).QueryContext(ctx, principal, string(kind), prevStart)
 	if err != nil {
-		return 0, 0, fmt.Errorf("quota: read %s: %w", kind, err)
+		return 0, 0, false, fmt.Errorf("quota: read %s: %w", kind, err)
 	}
 	defer rows.Close()
 	for rows.Next() {
 		var start, n int64
 		if err := rows.Scan(&start, &n); err != nil {
-			return 0, 0, fmt.Errorf("quota: read %s: %w", kind, err)
+			return 0, 0, false, fmt.Errorf("quota: read %s: %w", kind, err)
 		}
-		if start == curStart {
+		switch {
+		case start == curStart:
 			cur = n
-		} else {
+		case start == prevStart:
 			prev = n
+		default:
+			stepped = true
 		}
 	}
 	if err := rows.Err(); err != nil {
-		return 0, 0, fmt.Errorf("quota: read %s: %w", kind, err)
+		return 0, 0, false, fmt.Errorf("quota: read %s: %w", kind, err)
 	}
-	return prev, cur, nil
+	return prev, cur, stepped, nil
 }
 
 func (s *Store) add(ctx context.Context, tx *sql.Tx, principal string, kind Kind, start, n int64) error {

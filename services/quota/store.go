@@ -39,9 +39,12 @@ CREATE INDEX IF NOT EXISTS quota_reservations_principal ON quota_reservations (p
 `
 
 const (
+	// From the previous window on: normally that and the current one; a
+	// later one means the wall clock was stepped back (see take).
 	sqlSelectPair = `SELECT window_start, count FROM quota_buckets
-		WHERE principal = ?1 AND kind = ?2 AND window_start IN (?3, ?4)`
-	sqlAdd = `INSERT INTO quota_buckets (principal, kind, window_start, count)
+		WHERE principal = ?1 AND kind = ?2 AND window_start >= ?3`
+	sqlForget = `DELETE FROM quota_buckets WHERE principal = ?1 AND kind = ?2 AND window_start >= ?3`
+	sqlAdd    = `INSERT INTO quota_buckets (principal, kind, window_start, count)
 		VALUES (?1, ?2, ?3, ?4)
 		ON CONFLICT (principal, kind, window_start) DO UPDATE SET count = count + excluded.count`
 	sqlPrune = `DELETE FROM quota_buckets WHERE window_start < ?1`

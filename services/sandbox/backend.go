@@ -29,7 +29,16 @@ type ExecRequest struct {
 	Code           string
 	Timeout        time.Duration
 	MaxOutputBytes int // per stream
+	// Mode is ModeFresh (also "") or ModeNotebook.
+	Mode string
 }
+
+// Run modes: a fresh process per run, or a cell of the session's
+// persistent Python kernel.
+const (
+	ModeFresh    = "fresh"
+	ModeNotebook = "notebook"
+)
 
 // ExecResult is what a run produced. Output is raw (the tool layer strips
 // escapes); Truncated says a stream hit MaxOutputBytes.
@@ -44,6 +53,48 @@ type ExecResult struct {
 	Duration  time.Duration
 	// Changed lists the workspace files the run created or modified.
 	Changed []FileInfo
+	// Displays are the run's rich outputs in order (a notebook cell's
+	// result and displays, matplotlib figures); DisplaysDropped counts
+	// those left out for size.
+	Displays        []Display
+	DisplaysDropped int
+	// Exception is a notebook cell's uncaught exception (the traceback
+	// ends Stderr).
+	Exception *Exception
+	// Kernel is set for notebook runs.
+	Kernel *KernelStatus
+}
+
+// Display is one rich output as a MIME bundle; image values are decoded
+// bytes, text values UTF-8 as the sandbox sent them (unclean).
+type Display struct {
+	Kind string // DisplayResult or DisplayData
+	Data map[string][]byte
+}
+
+// Display kinds: a notebook cell's last expression (Jupyter's
+// execute_result), or anything else shown (display_data: display(),
+// figures).
+const (
+	DisplayResult = "result"
+	DisplayData   = "display"
+)
+
+// Exception names a notebook cell's uncaught exception.
+type Exception struct {
+	Name, Value string
+}
+
+// KernelStatus is what a notebook run did to the session's kernel.
+type KernelStatus struct {
+	ExecutionCount int
+	// Started: this run started a new kernel. StateLost: an earlier one
+	// of the session had run, so its variables are gone; Reason says why.
+	Started   bool
+	StateLost bool
+	Reason    string
+	// Ended says why the kernel ended during this run ("" if it lives on).
+	Ended string
 }
 
 // FileInfo describes a workspace file; Path is slash-separated and relative.
@@ -65,6 +116,10 @@ type Session interface {
 	WriteFile(ctx context.Context, path string, data []byte, overwrite bool) error
 	ReadFile(ctx context.Context, path string, offset, max int64) (File, error)
 	ListFiles(ctx context.Context, dir string) ([]FileInfo, error)
+	// PrepareWorkspace creates the workspace if it does not exist yet, owned
+	// by the session's user, for writers that bypass the session (signed
+	// uploads).
+	PrepareWorkspace(ctx context.Context) error
 	// Release frees the sandbox's compute (containers) but keeps its files.
 	Release(ctx context.Context) error
 	// Destroy frees compute and deletes the files.

@@ -2,6 +2,7 @@ package sandbox
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"syscall"
 	"time"
@@ -54,9 +55,26 @@ type JobExit struct {
 	Err error
 }
 
+// PartialStdinError is WriteStdin's error when ctx ended after part of the
+// data got through: Written bytes are in the job's stdin, Queued more reach
+// it when the job reads, and the rest was not sent. Sending the same data
+// again would repeat that part.
+type PartialStdinError struct {
+	Written, Queued, Total int
+	Err                    error
+}
+
+func (e *PartialStdinError) Error() string {
+	return fmt.Sprintf("stdin: %d of %d bytes written, %d queued: %v", e.Written, e.Total, e.Queued, e.Err)
+}
+
+func (e *PartialStdinError) Unwrap() error { return e.Err }
+
 // Job is a started job.
 type Job interface {
 	// WriteStdin sends data to the job's stdin (interactive jobs only).
+	// When ctx ends after part of data got through, the error is a
+	// *PartialStdinError.
 	WriteStdin(ctx context.Context, data []byte) error
 	// CloseStdin closes the job's stdin.
 	CloseStdin(ctx context.Context) error

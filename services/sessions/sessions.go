@@ -235,6 +235,20 @@ func (m *Manager) lookup(ctx context.Context, principal, id string) (string, err
 	return wid, err
 }
 
+// Owner returns the principal and session ID workspace wid belongs to:
+// SandboxNotFound when it belongs to none (for signed uploads, whose link
+// names only the workspace).
+func (m *Manager) Owner(ctx context.Context, wid string) (principal, sessionID string, err error) {
+	err = m.db.QueryRowContext(ctx, `SELECT principal, session_id FROM sessions WHERE workspace_id = ?`, wid).Scan(&principal, &sessionID)
+	switch {
+	case errors.Is(err, sql.ErrNoRows):
+		return "", "", brokererr.New(brokererr.SandboxNotFound, "no session owns this workspace")
+	case err != nil:
+		return "", "", brokererr.Wrap(err, brokererr.Unavailable, "session store unavailable")
+	}
+	return principal, sessionID, nil
+}
+
 func (m *Manager) insert(ctx context.Context, principal, id string) (string, error) {
 	wid := files.NewWorkspaceID()
 	now := m.o.Now().Unix()
@@ -346,6 +360,12 @@ func (m *Manager) Reap(ctx context.Context) {
 	m.mu.Unlock()
 	for _, wid := range idle {
 		m.releaseIdle(ctx, wid, now)
+	}
+	// A creation time after now means the wall clock was stepped back:
+	// such a session's age counts from now, so it lives at most MaxAge
+	// past the step, not MaxAge plus the step.
+	if _, err := m.db.ExecContext(ctx, `UPDATE sessions SET created_at = ?1 WHERE created_at > ?1`, now.Unix()); err != nil {
+		m.o.Log.Warn().Msg("session_clock_fix_failed")
 	}
 	rows, err := m.db.QueryContext(ctx, `SELECT principal, workspace_id FROM sessions WHERE created_at <= ?`, now.Add(-m.o.MaxAge).Unix())
 	if err != nil {

@@ -112,6 +112,15 @@ func TestOwnershipAndGeneratedIDs(t *testing.T) {
 		t.Fatal("bob's session shares alice's workspace")
 	}
 	lb.Release()
+	// Each workspace names its owner (signed uploads audit under it).
+	for _, c := range []struct{ wid, principal string }{{l.WorkspaceID, "alice"}, {lb.WorkspaceID, "bob"}} {
+		if p, sid, err := m.Owner(ctx, c.wid); err != nil || p != c.principal || sid != l.ID {
+			t.Errorf("Owner(%s) = %q %q %v, want %s", c.wid, p, sid, err, c.principal)
+		}
+	}
+	if _, _, err := m.Owner(ctx, strings.Repeat("0", 32)); brokererr.CodeOf(err) != brokererr.SandboxNotFound {
+		t.Errorf("Owner of an unknown workspace: %v", err)
+	}
 	if len(created) != 2 || created[0] != "alice" || created[1] != "bob" {
 		t.Fatalf("OnCreate calls = %v", created)
 	}
@@ -208,4 +217,57 @@ func TestSessionsSurviveReopen(t *testing.T) {
 	if l2.WorkspaceID != wid || strings.TrimSpace(exec1(t, l2, "cat d.txt")) != "durable" {
 		t.Fatal("session or workspace lost across reopen")
 	}
+}
+
+// TestClockSteppedBack: after the wall clock is stepped back (two days
+// here), the reaper neither releases nor deletes a live session early; a
+// session created before the step lives at most MaxAge from the step, not
+// MaxAge plus the step; one created after it keeps its own age.
+func TestClockSteppedBack(t *testing.T) {
+	clk := &clock{now: time.Unix(1_800_000_000, 0)}
+	m, root := newManager(t, clk, nil)
+	ctx := context.Background()
+	l, err := m.Acquire(ctx, "alice", "before", true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	exec1(t, l, "echo kept > f.txt")
+	l.Release()
+
+	clk.Add(-48 * time.Hour)
+	m.Reap(ctx)
+	if containers(t, root) != 1 {
+		t.Fatal("the step released a live session")
+	}
+	clk.Add(30 * time.Minute)
+	later, err := m.Acquire(ctx, "alice", "after", true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	later.Release()
+	m.Reap(ctx)
+	l, err = m.Acquire(ctx, "alice", "before", false)
+	if err != nil {
+		t.Fatalf("the step expired a live session: %v", err)
+	}
+	if got := strings.TrimSpace(exec1(t, l, "cat f.txt")); got != "kept" {
+		t.Fatalf("files after the step: %q", got)
+	}
+	l.Release()
+
+	// MaxAge (an hour) after the step: the older session is gone, the
+	// one created after the step (31 minutes old) is not.
+	clk.Add(31 * time.Minute)
+	m.Reap(ctx)
+	if l, err := m.Acquire(ctx, "alice", "before", false); err == nil {
+		l.Release()
+		t.Fatal("a session from before the step outlived MaxAge after it")
+	} else if brokererr.CodeOf(err) != brokererr.SandboxNotFound {
+		t.Fatal(err)
+	}
+	l, err = m.Acquire(ctx, "alice", "after", false)
+	if err != nil {
+		t.Fatalf("a session from after the step expired early: %v", err)
+	}
+	l.Release()
 }

@@ -10,6 +10,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 
 	"github.com/sandbox-broker/sandbox-broker/services/brokererr"
 	"github.com/sandbox-broker/sandbox-broker/services/statedb"
@@ -139,7 +140,13 @@ func (a *Allocator) leaseTx(ctx context.Context, tx *sql.Tx, owner string) (int,
 		return 0, fmt.Errorf("uids: read: %w", err)
 	}
 	var next int64
-	if err := tx.QueryRowContext(ctx, `SELECT next FROM sandbox_uid_cursor`).Scan(&next); err != nil && !errors.Is(err, sql.ErrNoRows) {
+	switch err := tx.QueryRowContext(ctx, `SELECT next FROM sandbox_uid_cursor`).Scan(&next); {
+	case errors.Is(err, sql.ErrNoRows):
+		// A new database starts its rotation at a random point of the range,
+		// so brokers (or test runs) that were given overlapping ranges by
+		// mistake rarely hand out the same uid and share its RLIMIT_NPROC.
+		next = int64(a.first) + rand.Int64N(int64(a.size))
+	case err != nil:
 		return 0, fmt.Errorf("uids: read: %w", err)
 	}
 	if next < int64(a.first) || next >= end {

@@ -77,18 +77,22 @@ func TestConcurrentLeasesAreDistinct(t *testing.T) {
 func TestRotationAndExhaustion(t *testing.T) {
 	ctx := context.Background()
 	a := open(t, filepath.Join(t.TempDir(), "state.db"), 100, 3)
-	if u := lease(t, a, "a"); u != 100 {
-		t.Fatalf("first uid %d", u)
+	first := lease(t, a, "a")
+	if first < 100 || first > 102 {
+		t.Fatalf("first uid %d outside 100..102", first)
 	}
-	lease(t, a, "b")
+	after := func(u, k int) int { return 100 + (u-100+k)%3 } // k places on, wrapping
+	if u := lease(t, a, "b"); u != after(first, 1) {
+		t.Fatalf("b got %d, want %d", u, after(first, 1))
+	}
 	if err := a.Free(ctx, "a"); err != nil {
 		t.Fatal(err)
 	}
-	if u := lease(t, a, "c"); u != 102 {
-		t.Fatalf("c got %d, want 102 (100 was just freed)", u)
+	if u := lease(t, a, "c"); u != after(first, 2) {
+		t.Fatalf("c got %d, want %d (%d was just freed)", u, after(first, 2), first)
 	}
-	if u := lease(t, a, "d"); u != 100 {
-		t.Fatalf("d got %d, want 100 after wrapping", u)
+	if u := lease(t, a, "d"); u != first {
+		t.Fatalf("d got %d, want %d after wrapping", u, first)
 	}
 	_, err := a.Lease(ctx, "e")
 	if e := brokererr.As(err); e == nil || e.Code != brokererr.Unavailable {
@@ -97,8 +101,21 @@ func TestRotationAndExhaustion(t *testing.T) {
 	if err := a.Free(ctx, "b"); err != nil {
 		t.Fatal(err)
 	}
-	if u := lease(t, a, "e"); u != 101 {
-		t.Fatalf("e got %d, want 101", u)
+	if u := lease(t, a, "e"); u != after(first, 1) {
+		t.Fatalf("e got %d, want %d", u, after(first, 1))
+	}
+}
+
+// New databases start their rotation at a random point, so brokers given
+// overlapping ranges by mistake (or parallel test runs) rarely share a uid.
+func TestNewDatabasesStartAtRandomPoints(t *testing.T) {
+	firsts := map[int]bool{}
+	for i := range 20 {
+		a := open(t, filepath.Join(t.TempDir(), fmt.Sprintf("state%d.db", i)), 1_900_000_000, 65536)
+		firsts[lease(t, a, "ws")] = true
+	}
+	if len(firsts) < 2 { // all 20 equal by chance: probability 65536^-19
+		t.Fatalf("20 new databases all started at the same uid: %v", firsts)
 	}
 }
 
@@ -135,11 +152,11 @@ func TestMoveAndFreePrefix(t *testing.T) {
 // A uid leased under an older range is replaced by one in the current range.
 func TestRangeChange(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "state.db")
-	if u := lease(t, open(t, path, 100, 10), "ws"); u != 100 {
+	if u := lease(t, open(t, path, 100, 10), "ws"); u < 100 || u >= 110 {
 		t.Fatalf("got %d", u)
 	}
-	if u := lease(t, open(t, path, 500, 10), "ws"); u != 500 {
-		t.Fatalf("after the range moved: %d, want 500", u)
+	if u := lease(t, open(t, path, 500, 10), "ws"); u < 500 || u >= 510 {
+		t.Fatalf("after the range moved: %d, want one in 500..509", u)
 	}
 	for _, r := range [][2]int{{0, 10}, {1, 0}, {MaxID, 2}} {
 		if _, err := Open(context.Background(), path, r[0], r[1]); err == nil {

@@ -14,6 +14,7 @@
 package workspace
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -76,6 +77,7 @@ const tmpPrefix = ".sbx-tmp-"
 
 type options struct {
 	uid, gid  int
+	dirOwner  bool
 	limits    *Limits
 	forbidden []string
 }
@@ -89,6 +91,13 @@ type Option func(*options)
 // broker's uid). uid or gid < 0 disables chown. Default 1000:1000.
 func WithOwner(uid, gid int) Option {
 	return func(o *options) { o.uid, o.gid = uid, gid }
+}
+
+// WithDirOwner is WithOwner with the owner of the workspace directory as
+// Open finds it (the session's sandbox user), for writers that do not know
+// the session's uid, such as signed uploads.
+func WithDirOwner() Option {
+	return func(o *options) { o.dirOwner = true }
 }
 
 // WithLimits sets the limits for Create (Open takes them as an argument;
@@ -203,6 +212,9 @@ func open(dir string, l Limits, o options) (*Workspace, error) {
 		_ = root.Close()
 		return nil, brokererr.Wrap(err, brokererr.InternalError, "workspace changed while opening")
 	}
+	if st, ok := rfi.Sys().(*syscall.Stat_t); ok && o.dirOwner {
+		o.uid, o.gid = int(st.Uid), int(st.Gid)
+	}
 	return &Workspace{
 		root:      root,
 		lim:       l.withDefaults(),
@@ -232,12 +244,51 @@ func (w *Workspace) validate(p string) (string, error) {
 // MaxFiles (new parents and the new file count) and MaxBytes (the size being
 // replaced is subtracted).
 func (w *Workspace) Write(p string, data []byte, overwrite bool) error {
-	rel, err := w.validate(p)
-	if err != nil {
+	if _, err := w.validate(p); err != nil { // a bad path is reported first
 		return err
 	}
 	if int64(len(data)) > w.lim.MaxFileBytes {
 		return brokererr.New(brokererr.FileSizeExceeded, "file is larger than %d bytes", w.lim.MaxFileBytes)
+	}
+	_, err := w.write(context.Background(), p, bytes.NewReader(data), int64(len(data)), w.lim.MaxFileBytes, overwrite)
+	return err
+}
+
+// WriteResult is what WriteFrom stored.
+type WriteResult struct {
+	Size     int64
+	Replaced bool // an existing file was replaced
+}
+
+// quotaRecheckBytes is how often, in bytes received, WriteFrom measures
+// the workspace again while data arrives.
+const quotaRecheckBytes = 8 << 20
+
+// WriteFrom is Write for data of unknown length, streamed from r: at most
+// max bytes (max <= 0 or above MaxFileBytes means MaxFileBytes;
+// FileSizeExceeded past it) go to a temporary file next to p, which is
+// renamed into place only once r ends, so the file appears whole or not at
+// all. The quota is checked before the first byte, enforced on every byte
+// against the usage measured then, measured again every
+// quotaRecheckBytes (the sandbox and other writers share the workspace)
+// and once more just before the rename: QuotaExceeded. When anything fails
+// (a read error, ctx ending, a limit) the temporary file and the parent
+// directories this call created are removed. Read errors are returned
+// wrapped, so errors.Is finds their cause (os.ErrDeadlineExceeded, ...).
+func (w *Workspace) WriteFrom(ctx context.Context, p string, r io.Reader, max int64, overwrite bool) (WriteResult, error) {
+	if max <= 0 || max > w.lim.MaxFileBytes {
+		max = w.lim.MaxFileBytes
+	}
+	return w.write(ctx, p, r, -1, max, overwrite)
+}
+
+// write is Write and WriteFrom: limit is the largest file accepted, and
+// size the length of r's data when known in advance (checked against the
+// quota before anything is created), else -1.
+func (w *Workspace) write(ctx context.Context, p string, r io.Reader, size, limit int64, overwrite bool) (res WriteResult, err error) {
+	rel, err := w.validate(p)
+	if err != nil {
+		return res, err
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -264,9 +315,9 @@ func (w *Workspace) Write(p string, data []byte, overwrite bool) error {
 		case errors.Is(err, fs.ErrNotExist):
 			missing++
 		case err != nil:
-			return mapErr(err)
+			return res, mapErr(err)
 		case !fi.IsDir():
-			return brokererr.New(brokererr.InvalidInput, "a parent of the path is not a directory")
+			return res, brokererr.New(brokererr.InvalidInput, "a parent of the path is not a directory")
 		}
 	}
 	var oldSize int64
@@ -276,46 +327,57 @@ func (w *Workspace) Write(p string, data []byte, overwrite bool) error {
 		switch {
 		case errors.Is(err, fs.ErrNotExist):
 		case err != nil:
-			return mapErr(err)
+			return res, mapErr(err)
 		default:
 			exists = true
 			if !overwrite {
-				return brokererr.New(brokererr.FileExists, "file already exists")
+				return res, brokererr.New(brokererr.FileExists, "file already exists")
 			}
 			if err := checkTarget(fi); err != nil {
-				return err
+				return res, err
 			}
 			oldSize = fi.Size()
 		}
 	}
 
 	// Quota, before anything is created.
-	files, bytes, err := w.Usage()
+	files, used, err := w.Usage()
 	if err != nil {
-		return err
+		return res, err
 	}
 	newEntries := missing
 	if !exists {
 		newEntries++
 	}
 	if files+newEntries > w.lim.MaxFiles {
-		return brokererr.New(brokererr.QuotaExceeded, "workspace file limit (%d) reached", w.lim.MaxFiles)
+		return res, brokererr.New(brokererr.QuotaExceeded, "workspace file limit (%d) reached", w.lim.MaxFiles)
 	}
-	if bytes-oldSize+int64(len(data)) > w.lim.MaxBytes {
-		return brokererr.New(brokererr.QuotaExceeded, "workspace size limit (%d bytes) reached", w.lim.MaxBytes)
+	if used-oldSize+max(size, 0) > w.lim.MaxBytes {
+		return res, errBytesQuota(w.lim.MaxBytes)
 	}
 
-	// Parents, created inside the root and given to the sandbox user.
+	// Parents, created inside the root and given to the sandbox user; on
+	// failure, removed again (innermost first; one the sandbox has filled
+	// meanwhile stays).
+	var created []string
+	defer func() {
+		if err != nil {
+			for i := len(created) - 1; i >= 0; i-- {
+				_ = w.root.Remove(created[i])
+			}
+		}
+	}()
 	for _, d := range parents {
 		err := w.root.Mkdir(d, DirMode)
 		if errors.Is(err, fs.ErrExist) {
 			continue
 		}
 		if err != nil {
-			return mapErr(err)
+			return res, mapErr(err)
 		}
+		created = append(created, d)
 		if err := w.fixOwner(d, true); err != nil {
-			return err
+			return res, err
 		}
 	}
 
@@ -324,41 +386,76 @@ func (w *Workspace) Write(p string, data []byte, overwrite bool) error {
 	if dir != "" {
 		pr, err = w.root.OpenRoot(dir)
 		if err != nil {
-			return mapErr(err)
+			return res, mapErr(err)
 		}
 		defer pr.Close()
 	}
-	tmp, err := writeTemp(pr, data, w)
+	allowance := w.lim.MaxBytes - (used - oldSize)
+	tmp, n, err := w.writeTemp(ctx, pr, r, limit, allowance, func() error { return w.fitsReplacing(pr, base) })
 	if err != nil {
-		return err
+		return res, err
 	}
 	defer func() { _ = pr.Remove(tmp) }() // no-op after a successful rename
+	// Others may have written meanwhile: the workspace, as it is now, must
+	// fit once the temporary file takes the target's place.
+	if err := w.fitsReplacing(pr, base); err != nil {
+		return res, err
+	}
+	res = WriteResult{Size: n}
 
 	if !overwrite {
 		// link(2) never replaces: an entry created since the check above wins.
 		err := pr.Link(tmp, base)
 		if err == nil {
-			return nil
+			return res, nil
 		}
 		if errors.Is(err, fs.ErrExist) {
-			return brokererr.New(brokererr.FileExists, "file already exists")
+			return res, brokererr.New(brokererr.FileExists, "file already exists")
 		}
 		// Filesystem without hard links: fall back to a checked rename.
 		if _, lerr := pr.Lstat(base); lerr == nil {
-			return brokererr.New(brokererr.FileExists, "file already exists")
+			return res, brokererr.New(brokererr.FileExists, "file already exists")
 		} else if !errors.Is(lerr, fs.ErrNotExist) {
-			return mapErr(lerr)
+			return res, mapErr(lerr)
 		}
 	} else if fi, err := pr.Lstat(base); err == nil {
 		if err := checkTarget(fi); err != nil {
-			return err
+			return res, err
 		}
+		res.Replaced = true
 	} else if !errors.Is(err, fs.ErrNotExist) {
-		return mapErr(err)
+		return res, mapErr(err)
 	}
 	// rename(2) replaces the entry itself and never follows a symlink there.
 	if err := pr.Rename(tmp, base); err != nil {
-		return mapErr(err)
+		return res, mapErr(err)
+	}
+	return res, nil
+}
+
+func errBytesQuota(max int64) error {
+	return brokererr.New(brokererr.QuotaExceeded, "workspace size limit (%d bytes) reached", max)
+}
+
+// fitsReplacing measures the workspace, which holds a temporary file about
+// to take base's place in pr, and reports QuotaExceeded unless it fits its
+// limits once base (if any) is gone.
+func (w *Workspace) fitsReplacing(pr *os.Root, base string) error {
+	files, used, err := w.Usage()
+	if err != nil {
+		return err
+	}
+	if fi, err := pr.Lstat(base); err == nil {
+		files--
+		if fi.Mode().IsRegular() {
+			used -= fi.Size()
+		}
+	}
+	if files > w.lim.MaxFiles {
+		return brokererr.New(brokererr.QuotaExceeded, "workspace file limit (%d) reached", w.lim.MaxFiles)
+	}
+	if used > w.lim.MaxBytes {
+		return errBytesQuota(w.lim.MaxBytes)
 	}
 	return nil
 }
@@ -374,36 +471,77 @@ func checkTarget(fi fs.FileInfo) error {
 	return nil
 }
 
-// writeTemp writes data to a new uniquely named file in pr and returns its
-// name.
-func writeTemp(pr *os.Root, data []byte, w *Workspace) (string, error) {
+// copyBufBytes is writeTemp's read size.
+const copyBufBytes = 256 << 10
+
+// writeTemp streams r into a new uniquely named file in pr, owned by the
+// workspace's owner and synced, and returns its name and size. Past limit
+// bytes it fails with FileSizeExceeded and past allowance with
+// QuotaExceeded, before writing the byte that crosses; every
+// quotaRecheckBytes it calls recheck. On any error the file is removed.
+func (w *Workspace) writeTemp(ctx context.Context, pr *os.Root, r io.Reader, limit, allowance int64, recheck func() error) (name string, n int64, err error) {
 	var rnd [12]byte
 	if _, err := rand.Read(rnd[:]); err != nil {
-		return "", brokererr.Wrap(err, brokererr.InternalError, "cannot write file")
+		return "", 0, brokererr.Wrap(err, brokererr.InternalError, "cannot write file")
 	}
-	name := tmpPrefix + hex.EncodeToString(rnd[:])
-	f, err := pr.OpenFile(name, os.O_WRONLY|os.O_CREATE|os.O_EXCL|syscall.O_NOFOLLOW, FileMode)
+	tmp := tmpPrefix + hex.EncodeToString(rnd[:])
+	f, err := pr.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL|syscall.O_NOFOLLOW, FileMode)
 	if err != nil {
-		return "", mapErr(err)
+		return "", 0, mapErr(err)
 	}
-	_, err = f.Write(data)
-	if err == nil {
-		err = f.Chmod(FileMode) // independent of the umask
+	defer func() {
+		if cerr := f.Close(); err == nil && cerr != nil {
+			err = brokererr.Wrap(cerr, brokererr.InternalError, "cannot write file")
+		}
+		if err != nil {
+			_ = pr.Remove(tmp)
+			name = ""
+		}
+	}()
+	if err := f.Chmod(FileMode); err != nil { // independent of the umask
+		return "", 0, brokererr.Wrap(err, brokererr.InternalError, "cannot write file")
 	}
-	if err == nil && w.chown {
-		err = f.Chown(w.uid, w.gid)
+	if w.chown {
+		if err := f.Chown(w.uid, w.gid); err != nil {
+			return "", 0, brokererr.Wrap(err, brokererr.InternalError, "cannot write file")
+		}
 	}
-	if err == nil {
-		err = f.Sync()
+	buf := make([]byte, min(copyBufBytes, limit+1))
+	next := int64(quotaRecheckBytes)
+	for {
+		if err := ctx.Err(); err != nil {
+			return "", n, brokererr.Wrap(err, brokererr.Unavailable, "the write was cancelled")
+		}
+		k, rerr := r.Read(buf)
+		if k > 0 {
+			if n+int64(k) > limit {
+				return "", n, brokererr.New(brokererr.FileSizeExceeded, "file is larger than %d bytes", limit)
+			}
+			if n+int64(k) > allowance {
+				return "", n, errBytesQuota(w.lim.MaxBytes)
+			}
+			if _, err := f.Write(buf[:k]); err != nil {
+				return "", n, mapErr(err)
+			}
+			n += int64(k)
+			if n >= next {
+				next = n + quotaRecheckBytes
+				if err := recheck(); err != nil {
+					return "", n, err
+				}
+			}
+		}
+		if errors.Is(rerr, io.EOF) {
+			break
+		}
+		if rerr != nil {
+			return "", n, brokererr.Wrap(rerr, brokererr.InvalidInput, "the data ended early")
+		}
 	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
+	if err := f.Sync(); err != nil {
+		return "", n, mapErr(err)
 	}
-	if err != nil {
-		_ = pr.Remove(name)
-		return "", brokererr.Wrap(err, brokererr.InternalError, "cannot write file")
-	}
-	return name, nil
+	return tmp, n, nil
 }
 
 // fixOwner sets mode and owner of an entry Write just created, by fd.

@@ -179,7 +179,7 @@ func (p *Provider) checkRunner(ctx context.Context) error {
 			return nil
 		}
 	}
-	return brokererr.New(brokererr.Unavailable, "the Node runner image is missing (build it with runners/build.sh node)")
+	return brokererr.New(brokererr.NotConfigured, "the Node runner image is missing (build it with runners/build.sh node)")
 }
 
 // Close implements projects.Provider: it stops every project's containers

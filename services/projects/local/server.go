@@ -61,7 +61,7 @@ func (pr *project) ensureServer(ctx context.Context) error {
 	}
 	jr, ok := pr.sess.(sandbox.JobRunner)
 	if !ok {
-		return brokererr.New(brokererr.Unavailable, "this broker cannot run the node app server yet")
+		return brokererr.New(brokererr.NotConfigured, "this broker cannot run the node app server")
 	}
 	// A stale socket (or anything the sandbox put there) goes first; the
 	// removal never follows a symlink.
@@ -97,7 +97,7 @@ func (pr *project) ensureServer(ctx context.Context) error {
 		case <-job.Done():
 			ex := job.Exit()
 			pr.console.Write([]byte("[broker] the app exited before it listened on $PREVIEW_SOCKET\n"))
-			return brokererr.New(brokererr.Unavailable, "the app exited (code %d) before listening on $PREVIEW_SOCKET; see get_sandbox_output console_log", ex.ExitCode)
+			return brokererr.New(brokererr.Unavailable, "the app exited (code %d) before listening on $PREVIEW_SOCKET; see get_sandbox_output console_log", ex.ExitCode).NotRetryable()
 		case <-sctx.Done():
 			stopJob(ctx, job)
 			s.job = nil
