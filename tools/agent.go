@@ -270,7 +270,7 @@ func (t *Tasks) start(ctx context.Context, p identity.Principal, a *ExecuteTaskA
 			SmallModel: t.SmallModel, MaxTurns: t.MaxTurns})
 		sess, sessID := lease.Session, lease.ID
 		return jobs.StartRequest{
-			ID: id,
+			ID:   id,
 			Spec: sandbox.JobSpec{Command: command, Language: agent.LangAgent, Env: env, Timeout: pl.timeout},
 			// Always a network path: the gateway, beside the session's
 			// egress proxy with the task's policy (none by default).
