@@ -548,9 +548,12 @@ func TestAgentTasks(t *testing.T) {
 		if r.Status != "completed" || r.Output != "OpenCode counted 3 rows." || strings.Join(r.FilesCreated, ",") != "count.txt" {
 			t.Fatalf("result %s", raw)
 		}
-		_, evs, _ := taskEvents(t, alice, r.ExecutionID)
-		if got := eventTypes(evs); got != "ready,tool_use:bash,tool_result,assistant,result,task,exit" {
-			t.Fatalf("events %s", got)
+		_, evs, raw := taskEvents(t, alice, r.ExecutionID)
+		// OpenCode tries registry.npmjs.org at start; the task's network
+		// (none) refuses it, and it carries on.
+		evs = slices.DeleteFunc(evs, func(e taskEvent) bool { return e.Type == "egress_denied" })
+		if got := eventTypes(evs); got != "ready,tool_use:bash,tool_result,assistant,result,task,exit" || strings.Contains(raw, `"host":"model-gateway.invalid"`) {
+			t.Fatalf("events %s: %s", got, raw)
 		}
 	})
 
