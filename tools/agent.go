@@ -61,10 +61,8 @@ type Tasks struct {
 
 // Limits of the task tools.
 const (
-	maxTaskFiles      = 100
 	maxTaskFilesBytes = 10 << 20 // decoded, all files of one call
 	maxTaskArgBytes   = 16 << 20 // the base64 of maxTaskFilesBytes and the task
-	maxGetFiles       = 50
 	maxGetFilesBytes  = 10 << 20 // content returned by one get_files call
 )
 
@@ -83,18 +81,17 @@ type TaskFile struct {
 
 // ExecuteTaskArgs are execute_task's arguments.
 type ExecuteTaskArgs struct {
-	Task      string     `json:"task" validate:"required,max=32768,clean" desc:"What the agent should do, in plain language."`
-	SessionID string     `json:"session_id,omitempty" validate:"omitempty,session_id" audit:"clear" desc:"Reuse this session's workspace and its files; omit to start a new session."`
-	Files     []TaskFile `json:"files,omitempty" validate:"omitempty,max=100,dive" desc:"Files to put in the workspace before the agent starts (at most 100, 10 MiB decoded in all); existing files of the same path are replaced."`
-	Timeout   int        `json:"timeout,omitempty" validate:"omitempty,min=1,max=3600" desc:"Seconds the agent may work (default 300, at most your tier's maximum); then it is stopped with everything it started."`
-	Agent     string     `json:"agent,omitempty" validate:"omitempty,oneof=claude-code opencode" audit:"clear" desc:"Which coding agent runs the task (default claude-code)."`
-	Model     string     `json:"model,omitempty" validate:"omitempty,max=64,clean" audit:"clear" desc:"Model the agent uses; one of the broker's allowed models (default the first)."`
-	Network   NetworkArg `json:"network,omitempty" audit:"clear" desc:"Network beside the model gateway: \"none\" (default), {\"allowed_domains\": [...]} or \"public\", as far as your tier allows. Private, loopback, link-local and metadata addresses are always refused."`
-	RepoID    string     `json:"repo_id,omitempty" validate:"omitempty,session_id,required_with=Branch" audit:"clear" desc:"Allow-listed repository to commit the files the agent changed to, once it completes (with branch)."`
-	Branch    string     `json:"branch,omitempty" validate:"omitempty,max=200,clean,required_with=RepoID" audit:"clear" desc:"Work branch for that commit."`
-	CreatePR  bool       `json:"create_pr,omitempty" desc:"Open a pull request for that commit."`
-	// CommitMessage defaults to the task's first line.
-	CommitMessage string `json:"commit_message,omitempty" validate:"omitempty,max=200,clean" desc:"Commit message (default: the task's first line)."`
+	Task          string     `json:"task" validate:"required,max=32768,clean" desc:"What the agent should do, in plain language."`
+	SessionID     string     `json:"session_id,omitempty" validate:"omitempty,session_id" audit:"clear" desc:"Reuse this session's workspace and its files; omit to start a new session."`
+	Files         []TaskFile `json:"files,omitempty" validate:"omitempty,max=100,dive" desc:"Files to put in the workspace before the agent starts (at most 100, 10 MiB decoded in all); existing files of the same path are replaced."`
+	Timeout       int        `json:"timeout,omitempty" validate:"omitempty,min=1,max=3600" desc:"Seconds the agent may work (default 300, at most your tier's maximum); then it is stopped with everything it started."`
+	Agent         string     `json:"agent,omitempty" validate:"omitempty,oneof=claude-code opencode" audit:"clear" desc:"Which coding agent runs the task (default claude-code)."`
+	Model         string     `json:"model,omitempty" validate:"omitempty,max=64,clean" audit:"clear" desc:"Model the agent uses; one of the broker's allowed models (default the first)."`
+	Network       NetworkArg `json:"network,omitempty" audit:"clear" desc:"Network beside the model gateway: \"none\" (default), {\"allowed_domains\": [...]} or \"public\", as far as your tier allows. Private, loopback, link-local and metadata addresses are always refused."`
+	RepoID        string     `json:"repo_id,omitempty" validate:"omitempty,session_id,required_with=Branch" audit:"clear" desc:"Allow-listed repository to commit the files the agent changed to, once it completes (with branch)."`
+	Branch        string     `json:"branch,omitempty" validate:"omitempty,max=200,clean,required_with=RepoID" audit:"clear" desc:"Work branch for that commit."`
+	CreatePR      bool       `json:"create_pr,omitempty" desc:"Open a pull request for that commit."`
+	CommitMessage string     `json:"commit_message,omitempty" validate:"omitempty,max=200,clean" desc:"Commit message (default: the task's first line)."`
 }
 
 // TaskResult is execute_task's answer, and the task event's detail.

@@ -108,9 +108,6 @@ func New(o Options) (*Gateway, error) {
 	return &Gateway{o: o, upstream: u}, nil
 }
 
-// Models returns the allow-list.
-func (g *Gateway) Models() []string { return slices.Clone(g.o.Models) }
-
 // Caller is whom one task's model calls are charged to.
 type Caller struct {
 	Principal string
