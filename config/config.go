@@ -129,6 +129,8 @@ type Config struct {
 	OAuthAccessTTLS     int    `env:"OAUTH_ACCESS_TOKEN_TTL_S" validate:"min=60,max=86400"`
 	OAuthRefreshTTLS    int    `env:"OAUTH_REFRESH_TOKEN_TTL_S" validate:"min=3600,max=31536000"`
 	OAuthKeyMaxAgeS     int    `env:"OAUTH_KEY_MAX_AGE_S" validate:"min=3600,max=31536000"`
+	// Console turns the web console at / on or off (HTTP only).
+	Console string `env:"CONSOLE" validate:"oneof=on off"`
 }
 
 // Defaults are the embedded defaults: loopback HTTP, state under ./data.
@@ -184,6 +186,7 @@ func Defaults() Config {
 		OAuthAccessTTLS:     900,
 		OAuthRefreshTTLS:    30 * 24 * 3600,
 		OAuthKeyMaxAgeS:     30 * 24 * 3600,
+		Console:             "on",
 	}
 }
 
@@ -202,14 +205,7 @@ func (c Config) TasksEnabled() bool {
 // IsLoopback reports whether the HTTP listener binds only loopback.
 func (c Config) IsLoopback() bool {
 	host, _, err := net.SplitHostPort(c.Addr)
-	if err != nil {
-		return false
-	}
-	if strings.EqualFold(host, "localhost") {
-		return true
-	}
-	ip := net.ParseIP(host)
-	return ip != nil && ip.IsLoopback()
+	return err == nil && IsLoopbackHost(host)
 }
 
 // EffectiveOAuthMode is OAUTH_MODE, or its default: embedded when
@@ -411,7 +407,7 @@ func validateOAuth(c Config) error {
 		return fmt.Errorf("config: OAUTH_MODE=%s needs PUBLIC_BASE_URL (the https URL clients reach the broker at)", mode)
 	}
 	u, err := url.Parse(c.PublicBaseURL)
-	if err != nil || !(u.Scheme == "https" || u.Scheme == "http" && isLoopbackHost(u.Hostname())) {
+	if err != nil || !(u.Scheme == "https" || u.Scheme == "http" && IsLoopbackHost(u.Hostname())) {
 		return fmt.Errorf("config: OAUTH_MODE=%s needs an https PUBLIC_BASE_URL (http only on 127.0.0.1, [::1] or localhost)", mode)
 	}
 	switch mode {
@@ -424,7 +420,7 @@ func validateOAuth(c Config) error {
 			return errors.New("config: OAUTH_MODE=external needs OAUTH_ISSUER (the identity provider's issuer URL)")
 		}
 		iu, err := url.Parse(c.OAuthIssuer)
-		if err != nil || !(iu.Scheme == "https" || iu.Scheme == "http" && isLoopbackHost(iu.Hostname())) {
+		if err != nil || !(iu.Scheme == "https" || iu.Scheme == "http" && IsLoopbackHost(iu.Hostname())) {
 			return errors.New("config: OAUTH_ISSUER must be https (http only on loopback)")
 		}
 	}
@@ -437,7 +433,7 @@ func validateOAuth(c Config) error {
 func validateAgent(c Config) error {
 	u, err := url.Parse(c.AnthropicAPIURL)
 	if err != nil || u.User != nil || u.RawQuery != "" || u.Fragment != "" ||
-		!(u.Scheme == "https" || u.Scheme == "http" && isLoopbackHost(u.Hostname())) {
+		!(u.Scheme == "https" || u.Scheme == "http" && IsLoopbackHost(u.Hostname())) {
 		return errors.New("config: ANTHROPIC_API_URL must be an https URL (http only on loopback) without user info, query or fragment; its value is not shown")
 	}
 	if len(c.AgentModels) > maxAgentModels {
@@ -455,7 +451,9 @@ const maxAgentModels = 16
 // modelName is what a model name in AGENT_MODELS may look like.
 var modelName = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._:@-]{0,63}$`)
 
-func isLoopbackHost(h string) bool {
+// IsLoopbackHost reports whether a URL's or address's host is localhost or
+// a loopback IP: the one place plain http is allowed.
+func IsLoopbackHost(h string) bool {
 	if strings.EqualFold(h, "localhost") {
 		return true
 	}

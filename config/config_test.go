@@ -82,6 +82,7 @@ func TestEnvParsing(t *testing.T) {
 		"AGENT_SMALL_MODEL":        "m-small",
 		"AGENT_TIMEOUT_S":          "120",
 		"AGENT_TIERS":              `{"free":{"network":"none"}}`,
+		"CONSOLE":                  "off",
 	}
 	c, err := Load(nil, envOf(env))
 	if err != nil {
@@ -106,6 +107,7 @@ func TestEnvParsing(t *testing.T) {
 		AnthropicAPIKey: "sk-ant-test-0123456789", AnthropicAPIURL: "http://127.0.0.1:9", AgentModels: []string{"m-big", "m-small"},
 		AgentSmallModel: "m-small", AgentTimeoutS: 120, AgentMaxTurns: 50, AgentMemoryMB: 4096, AgentCPUsMilli: 2000, AgentMaxRequestMB: 8,
 		AgentTiers: `{"free":{"network":"none"}}`,
+		Console:    "off",
 	}
 	if !reflect.DeepEqual(c, want) {
 		t.Errorf("got  %#v\nwant %#v", c, want)
@@ -175,6 +177,7 @@ func TestInvalidVariablesAreNamed(t *testing.T) {
 		{"MCP_ALLOWED_HOSTS", "ok.example.com,bad_host!"},
 		{"MCP_ALLOWED_ORIGINS", "not a url"},
 		{"MCP_READ_ONLY", "maybe"},
+		{"CONSOLE", "maybe"},
 		{"MCP_MAX_REQUEST_BYTES", "1"},
 		{"MCP_MAX_CONNS", "8"},
 		{"MCP_MAX_UNAUTH_CONNS_PER_ADDR", "0"},

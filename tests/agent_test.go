@@ -21,6 +21,7 @@ import (
 	"github.com/mark3labs/mcp-go/client"
 	"github.com/mark3labs/mcp-go/mcp"
 
+	"github.com/sandbox-broker/sandbox-broker/audit"
 	"github.com/sandbox-broker/sandbox-broker/services/github/ghfake"
 	fake "github.com/sandbox-broker/sandbox-broker/services/modelgw/anthropicfake"
 )
@@ -359,14 +360,14 @@ func TestAgentTasks(t *testing.T) {
 				t.Fatalf("upstream request %+v", q)
 			}
 		}
-		rows := auditRows(t, env.b.Root, "model.messages")
+		rows := auditRows(t, env.b.Root, audit.Filter{Tool: "model.messages"})
 		calls := map[string]bool{}
 		for _, row := range rows {
 			if row.Phase == "intent" && strings.Contains(string(row.Params), r.ExecutionID) {
 				calls[row.CallID] = true
 			}
 		}
-		var mine []auditRow
+		var mine []audit.Entry
 		for _, row := range rows {
 			if calls[row.CallID] {
 				mine = append(mine, row)
@@ -459,7 +460,7 @@ func TestAgentTasks(t *testing.T) {
 		}
 		// The mode the call chose is in its audit row.
 		found := false
-		for _, row := range auditRows(t, env.b.Root, "execute_task") {
+		for _, row := range auditRows(t, env.b.Root, audit.Filter{Tool: "execute_task"}) {
 			if row.Phase == "intent" && strings.Contains(string(row.Params), `"network":"public"`) {
 				found = true
 			}
@@ -684,29 +685,6 @@ func TestAgentTasks(t *testing.T) {
 			}
 		}
 	})
-}
-
-type auditRow struct {
-	CallID    string          `json:"call_id"`
-	Phase     string          `json:"phase"`
-	Principal string          `json:"principal"`
-	Tool      string          `json:"tool"`
-	Params    json.RawMessage `json:"params"`
-	Outcome   string          `json:"outcome"`
-	ErrorCode string          `json:"error_code"`
-}
-
-// auditRows exports the audit log and returns the rows of tool.
-func auditRows(t *testing.T, root, tool string) []auditRow {
-	t.Helper()
-	var out []auditRow
-	for _, line := range strings.Split(strings.TrimSpace(runBroker(t, root, "audit", "export", "--format", "jsonl")), "\n") {
-		var r auditRow
-		if json.Unmarshal([]byte(line), &r) == nil && r.Tool == tool {
-			out = append(out, r)
-		}
-	}
-	return out
 }
 
 // waitFor polls cond (an outside effect: a process appearing) until it holds.

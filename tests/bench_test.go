@@ -152,7 +152,7 @@ func BenchmarkEngine(b *testing.B) {
 // waitPool polls /readyz (bounded) until the warm pools hold at least want,
 // outside the timed sections: each new-session sample then measures a pool
 // claim, not a pool that has not refilled yet.
-func waitPool(b *testing.B, broker *Broker, want map[string]int) {
+func waitPool(b testing.TB, broker *Broker, want map[string]int) {
 	deadline := time.Now().Add(120 * time.Second)
 	for time.Now().Before(deadline) {
 		var h struct {

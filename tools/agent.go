@@ -75,15 +75,15 @@ func (t *Tasks) ready() error {
 
 // TaskFile is a file execute_task writes into the workspace first.
 type TaskFile struct {
-	Path    string `json:"path" validate:"required,max=1024,clean" audit:"clear" desc:"Workspace-relative path (under /mnt/data)."`
+	Path    string `json:"path" validate:"required,max=1024,clean" desc:"Workspace-relative path (under /mnt/data)."`
 	Content string `json:"content" validate:"max=14680064" desc:"File content, standard base64."`
 }
 
 // ExecuteTaskArgs are execute_task's arguments.
 type ExecuteTaskArgs struct {
-	Task          string     `json:"task" validate:"required,max=32768,clean" desc:"What the agent should do, in plain language."`
+	Task          string     `json:"task" validate:"required,max=32768,clean" audit:"digest" desc:"What the agent should do, in plain language."`
 	SessionID     string     `json:"session_id,omitempty" validate:"omitempty,session_id" audit:"clear" desc:"Reuse this session's workspace and its files; omit to start a new session."`
-	Files         []TaskFile `json:"files,omitempty" validate:"omitempty,max=100,dive" desc:"Files to put in the workspace before the agent starts (at most 100, 10 MiB decoded in all); existing files of the same path are replaced."`
+	Files         []TaskFile `json:"files,omitempty" validate:"omitempty,max=100,dive" audit:"digest" desc:"Files to put in the workspace before the agent starts (at most 100, 10 MiB decoded in all); existing files of the same path are replaced."`
 	Timeout       int        `json:"timeout,omitempty" validate:"omitempty,min=1,max=3600" desc:"Seconds the agent may work (default 300, at most your tier's maximum); then it is stopped with everything it started."`
 	Agent         string     `json:"agent,omitempty" validate:"omitempty,oneof=claude-code opencode" audit:"clear" desc:"Which coding agent runs the task (default claude-code)."`
 	Model         string     `json:"model,omitempty" validate:"omitempty,max=64,clean" audit:"clear" desc:"Model the agent uses; one of the broker's allowed models (default the first)."`
@@ -91,7 +91,7 @@ type ExecuteTaskArgs struct {
 	RepoID        string     `json:"repo_id,omitempty" validate:"omitempty,session_id,required_with=Branch" audit:"clear" desc:"Allow-listed repository to commit the files the agent changed to, once it completes (with branch)."`
 	Branch        string     `json:"branch,omitempty" validate:"omitempty,max=200,clean,required_with=RepoID" audit:"clear" desc:"Work branch for that commit."`
 	CreatePR      bool       `json:"create_pr,omitempty" desc:"Open a pull request for that commit."`
-	CommitMessage string     `json:"commit_message,omitempty" validate:"omitempty,max=200,clean" desc:"Commit message (default: the task's first line)."`
+	CommitMessage string     `json:"commit_message,omitempty" validate:"omitempty,max=200,clean" audit:"digest" desc:"Commit message (default: the task's first line)."`
 }
 
 // TaskResult is execute_task's answer, and the task event's detail.

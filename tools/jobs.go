@@ -70,26 +70,37 @@ func (n *NetworkArg) UnmarshalJSON(b []byte) error {
 	return nil
 }
 
-// MarshalJSON records the normalised policy (the audit log keeps it).
-func (n NetworkArg) MarshalJSON() ([]byte, error) { return json.Marshal(n.Policy.String()) }
+// MarshalJSON is the normalised policy as the audit log records it: the
+// mode and, for an allow-list, its allowed and denied domains.
+func (n NetworkArg) MarshalJSON() ([]byte, error) {
+	p := n.Policy
+	if p.Mode == "" {
+		p.Mode = egress.ModeNone
+	}
+	m := map[string]any{"mode": p.Mode}
+	if p.Mode == egress.ModeAllow {
+		m["allowed_domains"], m["denied_domains"] = append([]string{}, p.Allowed...), append([]string{}, p.Denied...)
+	}
+	return json.Marshal(m)
+}
 
 // JSONSchema publishes the union.
 func (NetworkArg) JSONSchema() map[string]any { return egress.JSONSchema() }
 
 // SandboxConfig is execute_code's sandbox_config.
 type SandboxConfig struct {
-	Network *NetworkArg `json:"network,omitempty" desc:"Egress: \"none\" (default), \"public\" (any public address), or {\"allowed_domains\": [\"api.example.com\", \"*.example.org\"], \"denied_domains\": [...]}. Private, loopback, link-local and metadata addresses are always refused."`
+	Network *NetworkArg `json:"network,omitempty" audit:"clear" desc:"Egress: \"none\" (default), \"public\" (any public address), or {\"allowed_domains\": [\"api.example.com\", \"*.example.org\"], \"denied_domains\": [...]}. Private, loopback, link-local and metadata addresses are always refused."`
 }
 
 // ExecuteCodeAsyncArgs are execute_code_async's arguments. The
 // timeout's upper bound is SANDBOX_MAX_TIMEOUT, added by timeoutRule.
 type ExecuteCodeAsyncArgs struct {
-	Command          string            `json:"command" validate:"required,max=65536,clean" desc:"Shell command, run with bash -c in the session's sandbox."`
+	Command          string            `json:"command" validate:"required,max=65536,clean" audit:"digest" desc:"Shell command, run with bash -c in the session's sandbox."`
 	SessionID        string            `json:"session_id,omitempty" validate:"omitempty,session_id" audit:"clear" desc:"Session to use; omit to start a new one."`
 	TimeoutSeconds   int               `json:"timeout_seconds,omitempty" validate:"omitempty,min=1" desc:"Wall-clock limit; the whole process tree is killed when it passes (default 60)."`
 	Interactive      bool              `json:"interactive,omitempty" desc:"Keep stdin open for send_stdin."`
 	WorkingDirectory string            `json:"working_directory,omitempty" validate:"omitempty,max=1024,clean" audit:"clear" desc:"Directory relative to the workspace (/mnt/data); it must stay inside it."`
-	Environment      map[string]string `json:"environment,omitempty" validate:"omitempty,max=64,dive,max=8192,clean" desc:"Extra environment variables (names [A-Za-z_][A-Za-z0-9_]*; loader, shell-startup and proxy variables are refused)."`
+	Environment      map[string]string `json:"environment,omitempty" validate:"omitempty,max=64,dive,max=8192,clean" audit:"keys" desc:"Extra environment variables (names [A-Za-z_][A-Za-z0-9_]*; loader, shell-startup and proxy variables are refused)."`
 	SandboxConfig    *SandboxConfig    `json:"sandbox_config,omitempty" audit:"clear" desc:"Per-execution sandbox settings."`
 }
 
@@ -440,7 +451,7 @@ func (j *Jobs) GetExecutionOutput() ServerTool {
 // SendStdinArgs are send_stdin's arguments.
 type SendStdinArgs struct {
 	ExecutionID string `json:"execution_id" validate:"required,max=64,clean" audit:"clear" desc:"An interactive execution."`
-	InputData   string `json:"input_data" validate:"max=65536,clean" desc:"Text to write to its stdin (include \\n to end a line)."`
+	InputData   string `json:"input_data" validate:"max=65536,clean" audit:"digest" desc:"Text to write to its stdin (include \\n to end a line)."`
 	Close       bool   `json:"close,omitempty" desc:"Close stdin after writing (end of input)."`
 }
 

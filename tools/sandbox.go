@@ -149,7 +149,7 @@ type RunCodeArgs struct {
 	SessionID      string `json:"session_id,omitempty" validate:"omitempty,session_id" audit:"clear" desc:"Session to use; omit to start a new one. Reuse it to keep files and state."`
 	ConversationID string `json:"conversationId,omitempty" validate:"omitempty,session_id" audit:"clear" desc:"Alias of session_id."`
 	Language       string `json:"language" validate:"required,max=32,clean" audit:"clear" desc:"Runner language; list_runners shows what is available (python, typescript, bash)."`
-	Code           string `json:"code" validate:"required,max=262144,clean" desc:"Source code to run. The working directory is /mnt/data (also /data), which persists for the session."`
+	Code           string `json:"code" validate:"required,max=262144,clean" audit:"digest" desc:"Source code to run. The working directory is /mnt/data (also /data), which persists for the session."`
 	TimeoutS       int    `json:"timeout_s,omitempty" validate:"omitempty,min=1" desc:"Wall-clock limit in seconds (default 60)."`
 	Mode           string `json:"mode,omitempty" validate:"omitempty,oneof=fresh notebook" audit:"clear" desc:"fresh (default): a new process per run. notebook (python only): a cell of the session's Jupyter kernel, which keeps variables and imports between calls and shows the last expression's value, figures and rich displays. A timeout or out-of-memory kill ends the kernel and its state."`
 }

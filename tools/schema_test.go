@@ -24,6 +24,7 @@ var validArgs = map[string]string{
 	"list_artifacts":             `{"session_id":"s1"}`,
 	"read_artifact":              `{"session_id":"s1","path":"a.txt"}`,
 	"upload_file":                `{"path":"a.txt","content":"x"}`,
+	"create_upload_url":          `{"path":"a.txt"}`,
 	"cancel_execution":           `{"execution_id":"e1"}`,
 	"execute_code":               `{"command":"true"}`,
 	"execute_code_async":         `{"command":"true"}`,

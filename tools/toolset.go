@@ -208,6 +208,7 @@ func (g *Group) Enable(names []string, readOnly bool) ([]ServerTool, error) {
 				return nil, fmt.Errorf("tool %s is defined twice", t.Tool.Name)
 			}
 			seen[t.Tool.Name] = true
+			t.Args.Toolset = ts.Name // for the audit rows
 			out = append(out, t)
 		}
 	}
@@ -238,6 +239,7 @@ func (g *Group) Resources(names []string) []ServerResource {
 		for _, r := range ts.resources {
 			if raw := r.Template.URITemplate.Raw(); !seen[raw] {
 				seen[raw] = true
+				r.Read.Args.Toolset = ts.Name // the first that carries it
 				out = append(out, r)
 			}
 		}

@@ -44,8 +44,10 @@ type Broker struct {
 	log       zerolog.Logger
 	redactor  *redact.Redactor
 	audit     *audit.Log
+	auditKeys audit.Keys // the web console's "verify now"
 	quota     *quota.Store
 	metrics   *middleware.Metrics
+	pm        *productMetrics
 	tokens    *identity.Registry // nil on stdio
 	oauth     *brokerOAuth       // nil unless OAuth is on (HTTP only)
 	mcp       *server.MCPServer
@@ -73,6 +75,7 @@ type Broker struct {
 	health     healthCache
 	egress     egressQuotas
 	refusals   *httpRefusals
+	decisions  decisionLog // the reaper's and egress proxies', for the operator view
 
 	// Agent tasks: the model gateway's budget store (nil without tasks);
 	// the sandbox metrics.
@@ -143,6 +146,7 @@ func New(ctx context.Context, cfg config.Config, opts Options) (b *Broker, err e
 		return nil, fmt.Errorf("audit keys: %w", err)
 	}
 	secrets = append(secrets, string(keys.HMACKey), hex.EncodeToString(keys.HMACKey))
+	b.auditKeys = keys
 	fileKeys, err := b.openSigner(cfg)
 	if err != nil {
 		return nil, err
@@ -171,6 +175,7 @@ func New(ctx context.Context, cfg config.Config, opts Options) (b *Broker, err e
 		}
 		return b.sandboxes.Active()
 	})
+	b.pm = b.registerMetrics(b.metrics.Registry)
 	b.checks = []check{{"audit_log", b.audit.Ping}, {"state_store", b.quota.Ping}, {"storage", storageCheck(cfg.Root)}}
 	if err := b.openOAuth(ctx, cfg); err != nil {
 		return nil, fmt.Errorf("oauth: %w", err)
@@ -215,18 +220,7 @@ func (b *Broker) newMCPServer() *server.MCPServer {
 	for _, r := range b.resources {
 		specs[r.Read.Tool.Name] = r.Read.Args
 	}
-	chain := middleware.Chain(middleware.Deps{
-		Specs:    func(name string) (middleware.ArgSpec, bool) { s, ok := specs[name]; return s, ok },
-		Limits:   b.limits,
-		Limiter:  b.quota,
-		Audit:    b.audit,
-		Metrics:  b.metrics,
-		Redactor: b.redactor,
-		Log:      logging.Component(b.log, "tools"),
-		// 5 rows/s with a burst of 50 per principal keeps every refusal of
-		// normal clients while bounding a flood.
-		Rejections: middleware.NewRejectionThrottle(5, 50),
-	})
+	chain := b.toolChain(specs)
 	opts := []server.ServerOption{
 		server.WithToolCapabilities(false),
 		server.WithResourceCapabilities(false, false),
@@ -255,6 +249,23 @@ func (b *Broker) newMCPServer() *server.MCPServer {
 	}
 	b.addHealthResource(s)
 	return s
+}
+
+// toolChain is the middleware every tool call goes through, for tools
+// with the given argument specs.
+func (b *Broker) toolChain(specs map[string]middleware.ArgSpec) []server.ToolHandlerMiddleware {
+	return middleware.Chain(middleware.Deps{
+		Specs:    func(name string) (middleware.ArgSpec, bool) { s, ok := specs[name]; return s, ok },
+		Limits:   b.limits,
+		Limiter:  b.quota,
+		Audit:    b.auditor(),
+		Metrics:  b.metrics,
+		Redactor: b.redactor,
+		Log:      logging.Component(b.log, "tools"),
+		// 5 rows/s with a burst of 50 per principal keeps every refusal of
+		// normal clients while bounding a flood.
+		Rejections: middleware.NewRejectionThrottle(5, 50),
+	})
 }
 
 // MCPServer exposes the assembled server, for in-process clients in tests.

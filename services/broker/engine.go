@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -54,9 +55,10 @@ func (b *Broker) openSigner(cfg config.Config) ([]string, error) {
 }
 
 // openEngine starts the sandbox backend, the session and job stores and
-// the project provider. A missing backend is not fatal: the broker serves
-// its other tools, the sandbox tools are not listed, and /readyz reports
-// the backend as failing.
+// the project provider. A backend the operator named (docker, process)
+// must start, or the broker does not; with auto, a missing backend is not
+// fatal: the broker serves its other tools, the sandbox tools are not
+// listed, and /readyz reports the backend as failing.
 func (b *Broker) openEngine(ctx context.Context, cfg config.Config) error {
 	if cfg.Backend == "none" { // hosted project sandboxes still work
 		return b.openProjects(ctx, cfg, "", false)
@@ -70,6 +72,9 @@ func (b *Broker) openEngine(ctx context.Context, cfg config.Config) error {
 	}
 	b.slots = sandbox.NewSlots(cfg.MaxContainers)
 	eng, dockerOK, err := b.openBackend(ctx, cfg, agentBin)
+	if err != nil && cfg.Backend != "auto" {
+		return fmt.Errorf("SANDBOX_BACKEND=%s cannot be used (set SANDBOX_BACKEND=auto to start without it): %s", cfg.Backend, causeText(b.redactor, err, 300))
+	}
 	if err != nil {
 		b.log.Error().Str("backend", cfg.Backend).Str("cause", causeText(b.redactor, err, 300)).Msg("sandbox_backend_unavailable")
 		b.checks = append(b.checks, check{"sandbox_backend", func(context.Context) error { return err }})
@@ -84,6 +89,7 @@ func (b *Broker) openEngine(ctx context.Context, cfg config.Config) error {
 		IdleTimeout: time.Duration(cfg.IdleTimeoutMS) * time.Millisecond,
 		MaxAge:      time.Duration(cfg.MaxAgeS) * time.Second,
 		OnCreate:    b.reserveSandbox,
+		OnReap:      b.decisions.reaped,
 		Log:         logging.Component(b.log, "sessions"),
 	})
 	if err != nil {
@@ -152,6 +158,7 @@ func (b *Broker) openBackend(ctx context.Context, cfg config.Config, agentBin st
 			UIDs:        b.uids,
 			Slots:       b.slots,
 			IdleTimeout: time.Duration(cfg.IdleTimeoutMS) * time.Millisecond,
+			OnAcquire:   b.pm.acquired,
 			Log:         b.log, // the engine names its component
 			WorkspaceLimits: workspace.Limits{MaxFiles: cfg.MaxFiles, MaxBytes: cfg.MaxWorkspaceMB << 20,
 				MaxFileBytes: min(cfg.MaxWorkspaceMB<<20, 64<<20)},
@@ -289,7 +296,9 @@ func (b *Broker) openProjects(ctx context.Context, cfg config.Config, agentBin s
 			return err
 		}
 		p, err = codesandbox.NewProvider(codesandbox.ProviderOptions{
-			API:       codesandbox.Options{BaseURL: cfg.CSBAPIURL, APIKey: cfg.CSBAPIKey.Reveal()},
+			API: codesandbox.Options{BaseURL: cfg.CSBAPIURL, APIKey: cfg.CSBAPIKey.Reveal(), HTTP: &http.Client{
+				Transport:     b.pm.instrument("codesandbox", nil),
+				CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}},
 			Templates: tpl,
 			Log:       b.log,
 		})

@@ -7,8 +7,6 @@ package docker
 import (
 	"cmp"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"maps"
@@ -93,6 +91,9 @@ type Options struct {
 	// unused containers; it only dates the retry hint of a refusal at the
 	// cap (0: no hint).
 	IdleTimeout time.Duration
+	// OnAcquire, when set, hears how long each session waited for its
+	// container, and whether it came warm from the pool or cold (metrics).
+	OnAcquire func(language, source string, wait time.Duration)
 }
 
 // Resources are one language's container limits; zero fields keep the
@@ -183,7 +184,7 @@ func New(ctx context.Context, o Options) (*Engine, error) {
 		o.ReadyTimeout = defaultReadyTimeout
 	}
 	if o.InstanceID == "" {
-		o.InstanceID = newID()
+		o.InstanceID = sandbox.NewID()
 	}
 	for _, d := range []string{o.Root, filepath.Join(o.Root, "run"), filepath.Join(o.Root, "pool")} {
 		if err := os.MkdirAll(d, 0o711); err != nil {
@@ -365,7 +366,7 @@ func (e *Engine) sweepOrphans(ctx context.Context) error {
 			e.log.Warn().Err(err).Str("container", shortID(c.ID)).Msg("orphan removal failed")
 			continue
 		}
-		if id := c.Labels[LabelID]; validID(id) {
+		if id := c.Labels[LabelID]; sandbox.ValidID(id) {
 			_ = os.RemoveAll(filepath.Join(e.o.Root, "run", id))
 		}
 		e.log.Info().Str("container", shortID(c.ID)).Str("instance", c.Labels[LabelInstance]).Msg("removed orphan sandbox container")
@@ -374,7 +375,7 @@ func (e *Engine) sweepOrphans(ctx context.Context) error {
 	for _, sub := range []string{"run", "pool"} {
 		ents, _ := os.ReadDir(filepath.Join(e.o.Root, sub))
 		for _, de := range ents {
-			if validID(de.Name()) {
+			if sandbox.ValidID(de.Name()) {
 				_ = os.RemoveAll(filepath.Join(e.o.Root, sub, de.Name()))
 			}
 		}
@@ -465,22 +466,6 @@ func (c *ctr) untilDied(ctx context.Context, timeout time.Duration) (context.Con
 }
 
 func (c *ctr) socket() string { return filepath.Join(c.runDir, agent.SocketName) }
-
-func newID() string {
-	var b [8]byte
-	if _, err := rand.Read(b[:]); err != nil {
-		panic(err)
-	}
-	return hex.EncodeToString(b[:])
-}
-
-func validID(s string) bool {
-	if len(s) != 16 {
-		return false
-	}
-	_, err := hex.DecodeString(s)
-	return err == nil
-}
 
 func shortID(s string) string {
 	if len(s) > 12 {
@@ -616,7 +601,7 @@ func (e *Engine) dataIsLink(ctx context.Context, r runnerImage) bool {
 // mounted, running as uid, in slot (which it releases if it fails), and
 // waits for its agent.
 func (e *Engine) startContainer(ctx context.Context, r runnerImage, workspaceDir, workspaceLabel string, uid int, slot *sandbox.Slot) (*ctr, error) {
-	c := &ctr{id: newID(), lang: r.Language, img: r.ID, uid: uid, slot: slot, died: make(chan struct{})}
+	c := &ctr{id: sandbox.NewID(), lang: r.Language, img: r.ID, uid: uid, slot: slot, died: make(chan struct{})}
 	c.runDir = filepath.Join(e.o.Root, "run", c.id)
 	if err := prepareDir(c.runDir, uid); err != nil {
 		slot.Release()

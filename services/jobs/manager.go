@@ -107,7 +107,9 @@ type Info struct {
 	EgressDeniedOther int            `json:"egress_denied_other,omitempty"`
 }
 
-const schema = `CREATE TABLE IF NOT EXISTS jobs(
+// schema is the job table in state.db. Append steps; never edit released
+// ones.
+var schema = statedb.Schema{Component: "jobs", Steps: []string{`CREATE TABLE IF NOT EXISTS jobs(
 	id TEXT PRIMARY KEY,
 	principal TEXT NOT NULL,
 	session_id TEXT NOT NULL,
@@ -120,7 +122,7 @@ const schema = `CREATE TABLE IF NOT EXISTS jobs(
 	network TEXT NOT NULL,
 	started_at INTEGER NOT NULL,
 	ended_at INTEGER);
-CREATE INDEX IF NOT EXISTS jobs_by_principal ON jobs(principal, started_at);`
+CREATE INDEX IF NOT EXISTS jobs_by_principal ON jobs(principal, started_at);`}}
 
 // Open opens the job table, marks jobs left running by a previous broker as
 // errors (appending an error event to their logs), and prunes old jobs.
@@ -143,17 +145,13 @@ func Open(ctx context.Context, o Options) (*Manager, error) {
 	if err := os.MkdirAll(o.Dir, 0o700); err != nil {
 		return nil, err
 	}
-	db, err := statedb.Open(o.DBPath)
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	db, err := statedb.Open(ctx, o.DBPath, schema)
 	if err != nil {
 		return nil, fmt.Errorf("jobs: %w", err)
 	}
 	m := &Manager{o: o, db: db, live: map[string]*job{}, perSession: map[string]int{}}
-	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	if _, err := db.ExecContext(ctx, schema); err != nil {
-		db.Close()
-		return nil, fmt.Errorf("jobs table: %w", err)
-	}
 	if err := m.recover(ctx); err != nil {
 		db.Close()
 		return nil, err
@@ -173,18 +171,10 @@ func (m *Manager) Prune(ctx context.Context) {
 
 // recover closes out jobs a previous broker left running.
 func (m *Manager) recover(ctx context.Context) error {
-	rows, err := m.db.QueryContext(ctx, `SELECT id FROM jobs WHERE status = ?`, StatusRunning)
+	ids, err := m.ids(ctx, `SELECT id FROM jobs WHERE status = ?`, StatusRunning)
 	if err != nil {
 		return err
 	}
-	var ids []string
-	for rows.Next() {
-		var id string
-		if rows.Scan(&id) == nil && IDPattern.MatchString(id) {
-			ids = append(ids, id)
-		}
-	}
-	rows.Close()
 	now := m.o.Now()
 	for _, id := range ids {
 		if l, err := openLog(m.logDir(id), m.o.LogMaxBytes); err == nil {
@@ -200,12 +190,14 @@ func (m *Manager) recover(ctx context.Context) error {
 	return m.prune(ctx, now)
 }
 
-func (m *Manager) prune(ctx context.Context, now time.Time) error {
-	cut := now.Add(-m.o.Retention).UnixMilli()
-	rows, err := m.db.QueryContext(ctx, `SELECT id FROM jobs WHERE status != ? AND ended_at < ?`, StatusRunning, cut)
+// ids runs query and returns the well-formed job IDs it selects (they
+// name log directories).
+func (m *Manager) ids(ctx context.Context, query string, args ...any) ([]string, error) {
+	rows, err := m.db.QueryContext(ctx, query, args...)
 	if err != nil {
-		return err
+		return nil, err
 	}
+	defer rows.Close()
 	var ids []string
 	for rows.Next() {
 		var id string
@@ -213,7 +205,15 @@ func (m *Manager) prune(ctx context.Context, now time.Time) error {
 			ids = append(ids, id)
 		}
 	}
-	rows.Close()
+	return ids, rows.Err()
+}
+
+func (m *Manager) prune(ctx context.Context, now time.Time) error {
+	cut := now.Add(-m.o.Retention).UnixMilli()
+	ids, err := m.ids(ctx, `SELECT id FROM jobs WHERE status != ? AND ended_at < ?`, StatusRunning, cut)
+	if err != nil {
+		return err
+	}
 	for _, id := range ids {
 		_ = os.RemoveAll(m.logDir(id))
 		if _, err := m.db.ExecContext(ctx, `DELETE FROM jobs WHERE id = ?`, id); err != nil {

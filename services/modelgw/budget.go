@@ -47,6 +47,14 @@ type Budget struct {
 	now func() time.Time
 }
 
+// schema is the budget's table in state.db.
+var schema = statedb.Schema{Component: "modelgw", Steps: []string{`CREATE TABLE IF NOT EXISTS model_budget(
+	principal TEXT NOT NULL,
+	day INTEGER NOT NULL,
+	requests INTEGER NOT NULL,
+	tokens INTEGER NOT NULL,
+	PRIMARY KEY(principal, day))`}}
+
 // keepDays is how long past days' counts are kept.
 const keepDays = 7
 
@@ -55,21 +63,12 @@ func OpenBudget(ctx context.Context, path string, now func() time.Time) (*Budget
 	if now == nil {
 		now = time.Now
 	}
-	db, err := statedb.Open(path)
+	db, err := statedb.Open(ctx, path, schema)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("model budget: %w", err)
 	}
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	if _, err := db.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS model_budget(
-		principal TEXT NOT NULL,
-		day INTEGER NOT NULL,
-		requests INTEGER NOT NULL,
-		tokens INTEGER NOT NULL,
-		PRIMARY KEY(principal, day))`); err != nil {
-		db.Close()
-		return nil, fmt.Errorf("model budget table: %w", err)
-	}
 	b := &Budget{db: db, now: now}
 	if _, err := db.ExecContext(ctx, `DELETE FROM model_budget WHERE day < ?`, b.day()-keepDays); err != nil {
 		db.Close()
