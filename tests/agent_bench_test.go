@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"context"
 	"encoding/base64"
-	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
@@ -159,23 +158,9 @@ func benchTask(b *testing.B, c *client.Client, args map[string]any) (taskResult,
 	if res.IsError {
 		return r, fmt.Errorf("execute_task refused: %+v", res.Content)
 	}
-	for r.Status == "running" {
-		out := callTool(b, c, "get_execution_output", map[string]any{"execution_id": r.ExecutionID, "wait": true, "max_wait_s": 50, "since": 1 << 40})
-		var page struct {
-			Status string `json:"status"`
-		}
-		resultJSON(b, out, &page)
-		if page.Status == "running" {
-			continue
-		}
-		_, evs, _ := taskEvents(b, c, r.ExecutionID)
+	if r.Status == "running" {
 		sess := r.SessionID
-		r = taskResult{}
-		for _, e := range evs {
-			if e.Type == "task" {
-				_ = json.Unmarshal(e.Detail, &r)
-			}
-		}
+		r, _ = followTask(b, c, r)
 		r.SessionID = sess
 	}
 	if r.Status != "completed" || !strings.Contains(r.Output, "rows=3 mean_b=4.00") {
