@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"os"
+	"slices"
 	"sync"
 	"time"
 
@@ -66,6 +67,9 @@ func (s *Session) hold() (func(), error) {
 // Exec runs code in the session's container for req.Language.
 func (s *Session) Exec(ctx context.Context, req sandbox.ExecRequest) (sandbox.ExecResult, error) {
 	e := s.e
+	if slices.Contains(e.o.JobLanguages, req.Language) {
+		return sandbox.ExecResult{}, brokererr.New(brokererr.UnknownLanguage, "the %s runner runs only executions, not code", req.Language)
+	}
 	r, err := e.runner(ctx, req.Language)
 	if err != nil {
 		return sandbox.ExecResult{}, err
