@@ -139,12 +139,20 @@ func (s *Session) execLocked(ctx context.Context, r runnerImage, req sandbox.Exe
 	if err != nil {
 		// The agent is gone, hung or the caller gave up: this container's
 		// state is unknown, so it goes; the next Exec starts a new one.
-		oom := !hardStop && ctx.Err() == nil && e.lostToOOM(ctx, c, oomBefore)
+		if !hardStop && ctx.Err() == nil && e.lostToOOM(ctx, c, oomBefore) {
+			s.retireLocked(r.Language, c, sandbox.LostOOM)
+			e.log.Info().Str("container", shortID(c.dockerID)).Msg("sandbox_oom_killed")
+			res := sandbox.ExecResult{Duration: dur, ExitCode: 137, Signal: "SIGKILL", OOMKilled: true}
+			if req.Mode == sandbox.ModeNotebook {
+				// The kernel went with the sandbox (gVisor's OOM kill ends
+				// the Sentry).
+				res.Kernel = &sandbox.KernelStatus{Ended: sandbox.LostOOM}
+				s.kernel.Observe(&res)
+			}
+			return res, nil
+		}
 		s.retireLocked(r.Language, c, sandbox.LostUnresponsive)
 		switch {
-		case oom:
-			e.log.Info().Str("container", shortID(c.dockerID)).Msg("sandbox_oom_killed")
-			return sandbox.ExecResult{Duration: dur, ExitCode: 137, Signal: "SIGKILL", OOMKilled: true}, nil
 		case hardStop:
 			e.log.Warn().Str("container", shortID(c.dockerID)).Dur("timeout", timeout).Msg("sandbox missed its deadline; killed")
 			return sandbox.ExecResult{TimedOut: true, Duration: dur, ExitCode: -1, Signal: "SIGKILL"},
