@@ -14,7 +14,6 @@ import (
 	"path/filepath"
 	"slices"
 	"sort"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -437,12 +436,13 @@ type ctr struct {
 	// what the last stray check found (see sessionsBefore), guarded by the
 	// owning session's mu.
 	monitor  *sessionMonitor
-	sessions map[int][]int
+	sessions agent.Sessions
 	// died is closed when the watcher learns the container died.
 	died     chan struct{}
 	diedOnce sync.Once
-	// kernelSID is the host session ID of its notebook kernel (see
-	// agent.Strays); guarded by the owning session's mu.
+	// kernelSID is the session ID of its notebook kernel (see
+	// agent.Strays), as the stray check reads it: a host ID under runc, the
+	// sandbox's own under gVisor. Guarded by the owning session's mu.
 	kernelSID int
 }
 
@@ -734,41 +734,4 @@ func (e *Engine) oomKills(c *ctr) int64 {
 		}
 	}
 	return -1
-}
-
-// sessions maps the session ID of every live thread in the container to
-// its threads, read from the host's /proc (nil when it cannot tell).
-// Threads, not processes: cgroup.procs omits a process whose leader thread
-// exited while its other threads run on.
-func (e *Engine) sessions(c *ctr) map[int][]int {
-	b, err := os.ReadFile(filepath.Join(cgroupRoot, "pids", "docker", c.dockerID, "tasks"))
-	if err != nil {
-		return nil
-	}
-	var pids []int
-	for _, f := range strings.Fields(string(b)) {
-		if tid, err := strconv.Atoi(f); err == nil {
-			pids = append(pids, tid)
-		}
-	}
-	out := make(map[int][]int, len(pids))
-	for _, pid := range pids {
-		if sid, ok := liveSessionID(pid); ok {
-			out[sid] = append(out[sid], pid)
-		}
-	}
-	return out
-}
-
-// liveSessionID reads the session field of /proc/<tid>/stat (any thread ID
-// works there). Threads that run no code again are skipped: zombies, and
-// threads already in exit (PF_EXITING), such as a run that reported its
-// status just before its teardown finished.
-func liveSessionID(pid int) (int, bool) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return 0, false
-	}
-	st, ok := agent.ParseProcStat(b)
-	return st.Session, ok && st.Live()
 }
