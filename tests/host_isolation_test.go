@@ -15,7 +15,8 @@ import (
 // backend twice, on the host's /usr and on the runner file systems.
 var sandboxBackends = []string{"docker", "process", "process_rootfs"}
 
-// startBackend starts a broker on one of sandboxBackends with o
+// startBackend starts a broker on one of sandboxBackends (or on
+// docker-runsc, the Docker backend under gVisor) with o
 // (SANDBOX_BACKEND, no warm pool and the test token added), skipping
 // (failing in CI) when the backend is not available.
 func startBackend(t *testing.T, name string, o BrokerOpts) *Broker {
@@ -24,6 +25,9 @@ func startBackend(t *testing.T, name string, o BrokerOpts) *Broker {
 	switch name {
 	case "docker":
 		requireDocker(t)
+	case "docker-runsc":
+		requireRunsc(t)
+		backend = "docker"
 	case "process":
 		requireBwrap(t)
 	case "process_rootfs":
@@ -34,6 +38,9 @@ func startBackend(t *testing.T, name string, o BrokerOpts) *Broker {
 		}
 	}
 	env := map[string]string{"SANDBOX_BACKEND": backend, "SANDBOX_POOL_SIZE": "0"}
+	if name == "docker-runsc" {
+		env["SANDBOX_RUNTIME"] = "runsc"
+	}
 	for k, v := range o.Env {
 		env[k] = v
 	}

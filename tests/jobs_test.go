@@ -27,7 +27,18 @@ func requireBwrap(t testing.TB) {
 
 // backends runs fn once per sandbox backend, each with its own broker.
 func backends(t *testing.T, extra map[string]string, fn func(t *testing.T, backend string, b *Broker, c *client.Client)) {
-	for _, name := range sandboxBackends {
+	runBackends(t, extra, fn, sandboxBackends...)
+}
+
+// backendsAndGVisor is backends plus the Docker backend under gVisor
+// (SANDBOX_RUNTIME=runsc, named docker-runsc), for what the runtime
+// changes: the sandbox's processes are not host processes there.
+func backendsAndGVisor(t *testing.T, extra map[string]string, fn func(t *testing.T, backend string, b *Broker, c *client.Client)) {
+	runBackends(t, extra, fn, "docker", "docker-runsc", "process", "process_rootfs")
+}
+
+func runBackends(t *testing.T, extra map[string]string, fn func(t *testing.T, backend string, b *Broker, c *client.Client), names ...string) {
+	for _, name := range names {
 		t.Run(name, func(t *testing.T) {
 			b := startBackend(t, name, BrokerOpts{Env: extra})
 			fn(t, name, b, b.Client(t, testToken))

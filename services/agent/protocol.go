@@ -143,17 +143,20 @@ const (
 	// LangNode is a shell in the Node runner, which carries the web project
 	// starters; project builds run through it.
 	LangNode = "node" // bash main.sh
+	// LangAgent is a shell in the agent runner (coding agents for
+	// execute_task), which only tasks use.
+	LangAgent = "agent" // bash main.sh
 )
 
 // RunLanguages are the languages run_code offers; LangNode is the project
 // providers' alone.
 var RunLanguages = []string{LangPython, LangTypeScript, LangJavaScript, LangBash}
 
-// JobLanguages is the order in which a job without a language picks its
+// JobLanguageOrder is the order in which a job without a language picks its
 // runner: the first a backend has. Jobs are shell commands and every
 // runner has bash; the python runner also has the most tools, so a
 // command's environment does not depend on what the session ran before.
-var JobLanguages = []string{LangPython, LangBash, LangNode, LangTypeScript, LangJavaScript}
+var JobLanguageOrder = []string{LangPython, LangBash, LangNode, LangTypeScript, LangJavaScript}
 
 // PingLanguage makes a cheap liveness request: Request{Language:
 // PingLanguage} is answered at once with an empty, successful Response

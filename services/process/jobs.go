@@ -17,7 +17,7 @@ import (
 
 // StartJob implements sandbox.JobRunner: the job runs under the agent of
 // the session's sandbox for spec.Language (by default the first runner of
-// agent.JobLanguages), beside run_code. With spec.Egress the broker
+// agent.JobLanguageOrder), beside run_code. With spec.Egress the broker
 // listens on a Unix socket in the sandbox's run dir (where the agent
 // requires it) and hands the listener to spec.Egress until the job ends.
 func (s *Session) StartJob(ctx context.Context, spec sandbox.JobSpec, sink sandbox.JobSink) (sandbox.Job, error) {

@@ -144,10 +144,10 @@ func (b *Backend) listRunners() []sandbox.Runner {
 }
 
 // jobRunner is the runner a job of lang runs in: lang's, or for "" the
-// first of agent.JobLanguages there is.
+// first of agent.JobLanguageOrder there is.
 func (b *Backend) jobRunner(lang string) (*runner, error) {
 	if lang == "" {
-		for _, l := range agent.JobLanguages {
+		for _, l := range agent.JobLanguageOrder {
 			if r, ok := b.runners[l]; ok {
 				return r, nil
 			}
