@@ -153,6 +153,35 @@ func TestHostInvisible(t *testing.T) {
 	}
 }
 
+// TestCredentialsInEveryRunner: code in every runner runs as uid and gid
+// 1000 with no capabilities (not even bounding ones to regain by exec)
+// and no_new_privs set, on both roots.
+func TestCredentialsInEveryRunner(t *testing.T) {
+	eachRoot(t, nil, func(t *testing.T, b *Backend) {
+		rs, err := b.Runners(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		s := open(t, b)
+		want := "Uid:\t1000\t1000\t1000\t1000\nGid:\t1000\t1000\t1000\t1000\nCapInh:\t0000000000000000\nCapPrm:\t0000000000000000\n" +
+			"CapEff:\t0000000000000000\nCapBnd:\t0000000000000000\nCapAmb:\t0000000000000000\nNoNewPrivs:\t1\n"
+		for _, r := range rs {
+			// Each language's own process reads its status.
+			code := `grep -E '^(Uid|Gid|Cap[A-Za-z]+|NoNewPrivs):' /proc/self/status`
+			switch r.Language {
+			case "python":
+				code = "import re; print(''.join(l for l in open('/proc/self/status') if re.match(r'(Uid|Gid|Cap[A-Za-z]+|NoNewPrivs):', l)), end='')"
+			case "typescript", "javascript":
+				code = "process.stdout.write(require('fs').readFileSync('/proc/self/status', 'utf8').split('\\n').filter(l => /^(Uid|Gid|Cap[A-Za-z]+|NoNewPrivs):/.test(l)).map(l => l + '\\n').join(''));"
+			}
+			res := exec1(t, s, r.Language, code, 60*time.Second)
+			if string(res.Stdout) != want {
+				t.Errorf("%s: credentials\n%s%s\nwant\n%s", r.Language, res.Stdout, res.Stderr, want)
+			}
+		}
+	})
+}
+
 // TestStrayDescriptorNeverReachesSandbox: the launch chain (wrapper,
 // prlimit, bwrap) passes on whatever the broker holds without
 // close-on-exec; the agent closes all of it before any code runs, so a
@@ -616,9 +645,12 @@ func TestBwrapArgsBindOnlyWhatTheyShould(t *testing.T) {
 }
 
 func TestEgressListenerReachableFromSandbox(t *testing.T) {
-	b := newBackend(t, nil)
+	eachRoot(t, nil, testEgressListenerReachableFromSandbox)
+}
+
+func testEgressListenerReachableFromSandbox(t *testing.T, b *Backend) {
 	s := open(t, b)
-	exec1(t, s, "bash", "true", 20*time.Second)
+	exec1(t, s, "python", "pass", 20*time.Second) // the sandbox python runs in (one per runner on runner file systems)
 	sb := current(t, s)
 	name := "egress-" + sandbox.NewID() + ".sock"
 	ln, err := b.egressListener(filepath.Join(sb.runDir, name), s.uid, s.gid)
@@ -687,7 +719,10 @@ func TestSessionsRunAsTheirOwnHostUIDs(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("per-session uids need a root broker")
 	}
-	b := newBackend(t, func(o *Options) { o.NProc = 40 })
+	eachRoot(t, func(o *Options) { o.NProc = 40 }, testSessionsRunAsTheirOwnHostUIDs)
+}
+
+func testSessionsRunAsTheirOwnHostUIDs(t *testing.T, b *Backend) {
 	s1, s2 := open(t, b), open(t, b)
 	uidOf := func(s *Session) int {
 		out := exec1(t, s, "bash", "echo started", 20*time.Second)
