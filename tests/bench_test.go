@@ -43,6 +43,9 @@ func BenchmarkEngine(b *testing.B) {
 	prbroker := StartHTTP(b, BrokerOpts{Root: rootfsRoot(b), Token: testToken, Env: map[string]string{"SANDBOX_BACKEND": "process", "RATE_LIMIT_PER_MINUTE": "100000"}})
 	prc := prbroker.Client(b, testToken)
 	prwarm := benchRun(b, prc, map[string]any{"language": "python", "code": "print(1)"})
+	// The sessions' TypeScript runners started outside the timed runs.
+	benchRun(b, c, map[string]any{"session_id": warm, "language": "typescript", "code": "console.log(0)"})
+	benchRun(b, prc, map[string]any{"session_id": prwarm, "language": "typescript", "code": "console.log(0)"})
 	p50, p95 := map[string]time.Duration{}, map[string]time.Duration{}
 	// The same Docker engine under gVisor (SANDBOX_RUNTIME=runsc), when
 	// the daemon has it (CI must).
@@ -94,6 +97,16 @@ func BenchmarkEngine(b *testing.B) {
 		{"process_rootfs_warm_print1", func(b *testing.B) time.Duration {
 			return timed(func() {
 				benchRun(b, prc, map[string]any{"session_id": prwarm, "language": "python", "code": "print(1)"})
+			})
+		}},
+		{"warm_ts_console_log1", func(b *testing.B) time.Duration {
+			return timed(func() {
+				benchRun(b, c, map[string]any{"session_id": warm, "language": "typescript", "code": "console.log(1)"})
+			})
+		}},
+		{"process_rootfs_warm_ts_console_log1", func(b *testing.B) time.Duration {
+			return timed(func() {
+				benchRun(b, prc, map[string]any{"session_id": prwarm, "language": "typescript", "code": "console.log(1)"})
 			})
 		}},
 		{"baseline_get_usage_process_broker", func(b *testing.B) time.Duration {
@@ -154,6 +167,10 @@ func BenchmarkEngine(b *testing.B) {
 	if p50["process_rootfs_warm_print1"] > 0 && p50["process_warm_print1"] > 0 {
 		fmt.Printf("summary: process backend warm print(1) on the runner file systems p50 %.1f ms p95 %.1f ms vs on the host's interpreters p50 %.1f ms p95 %.1f ms\n",
 			ms(p50["process_rootfs_warm_print1"]), ms(p95["process_rootfs_warm_print1"]), ms(p50["process_warm_print1"]), ms(p95["process_warm_print1"]))
+	}
+	if p50["process_rootfs_warm_ts_console_log1"] > 0 && p50["warm_ts_console_log1"] > 0 {
+		fmt.Printf("summary: process backend warm TypeScript console.log(1) on the runner file systems p50 %.1f ms p95 %.1f ms vs the Docker backend p50 %.1f ms p95 %.1f ms (the host's interpreters have no TypeScript)\n",
+			ms(p50["process_rootfs_warm_ts_console_log1"]), ms(p95["process_rootfs_warm_ts_console_log1"]), ms(p50["warm_ts_console_log1"]), ms(p95["warm_ts_console_log1"]))
 	}
 	if p50["process_warm_print1"] > 0 && p50["baseline_host_python_print1"] > 0 {
 		fmt.Printf("summary: process backend warm print(1) p50 %.1f ms (target <= 10 ms) vs a bare host /usr/bin/python3 -c %.1f ms (%.1fx faster)\n",

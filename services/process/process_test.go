@@ -713,6 +713,45 @@ func BenchmarkExecPrint(b *testing.B) {
 	b.ReportMetric(float64(lat[len(lat)*95/100].Microseconds())/1000, "p95-ms")
 }
 
+// BenchmarkExecPrintRootfs interleaves, per iteration, print(1) on the
+// host's Python, print(1) on the python runner's file system and
+// console.log(1) on the typescript runner's, each in a warm sandbox: the
+// backend alone, without the broker, under the same load.
+func BenchmarkExecPrintRootfs(b *testing.B) {
+	host, rootfs := open(b, newBackend(b, nil)), open(b, newRootfsBackend(b, nil))
+	cases := []struct {
+		name, lang, code string
+		s                *Session
+	}{
+		{"host-py", "python", "print(1)", host},
+		{"rootfs-py", "python", "print(1)", rootfs},
+		{"rootfs-ts", "typescript", "console.log(1)", rootfs},
+	}
+	lat := make([][]time.Duration, len(cases))
+	for _, c := range cases {
+		exec1(b, c.s, c.lang, c.code, time.Minute) // start + warm
+	}
+	b.ResetTimer()
+	for range b.N {
+		for i, c := range cases {
+			start := time.Now()
+			res := exec1(b, c.s, c.lang, c.code, time.Minute)
+			lat[i] = append(lat[i], time.Since(start))
+			if string(res.Stdout) != "1\n" {
+				b.Fatalf("%s: stdout %q stderr %q", c.name, res.Stdout, res.Stderr)
+			}
+		}
+	}
+	b.StopTimer()
+	for i, c := range cases {
+		l := lat[i]
+		sort.Slice(l, func(i, j int) bool { return l[i] < l[j] })
+		b.ReportMetric(float64(l[len(l)/2].Microseconds())/1000, c.name+"-p50-ms")
+		b.ReportMetric(float64(l[len(l)*95/100].Microseconds())/1000, c.name+"-p95-ms")
+	}
+	b.ReportMetric(0, "ns/op")
+}
+
 // Each session runs as a host uid of its own, so one session's processes
 // count against its own RLIMIT_NPROC, and it cannot signal another's.
 func TestSessionsRunAsTheirOwnHostUIDs(t *testing.T) {
