@@ -345,8 +345,12 @@ func (p *Pitcher) shutdown(why error) {
 		for _, pc := range pend {
 			close(pc.ch)
 		}
+		lost := why
+		if !errors.Is(lost, ErrPitcherClosed) {
+			lost = fmt.Errorf("%w: %w", ErrPitcherClosed, why)
+		}
 		for _, s := range shells {
-			s.fail(why)
+			s.fail(lost)
 		}
 		close(p.done)
 	})
