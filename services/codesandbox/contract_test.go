@@ -294,7 +294,7 @@ func TestPitcherDecodesSDKPayloads(t *testing.T) {
 	}
 	one := 1
 	for name, errno := range map[string]*int{"pitcher/fs.FSReadFileMessage.error.json": new(2), "pitcher/fs.FSStatMessage.error.json": nil} {
-		pe, ok := pitcherError("fs/readFile", inMsg{ID: &one, Error: toMsgpack(t, name)}).(*PitcherError)
+		pe, ok := pitcherError("fs/readFile", inMsg{ID: &one, Error: toMsgpack(t, name), hasID: true, hasError: true}).(*PitcherError)
 		if !ok || pe.Code != PitcherRawFSError || (pe.Errno == nil) != (errno == nil) || (errno != nil && *pe.Errno != *errno) {
 			t.Fatalf("%s: %+v", name, pe)
 		}

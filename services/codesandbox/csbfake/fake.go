@@ -165,9 +165,16 @@ func (s *Server) bumpLocked() {
 }
 
 // Await returns nil once cond holds, checking it again after every
-// request, agent message, ping and connection change; ctx bounds the wait.
-// cond may call the Server's accessors.
+// request, agent message, ping and connection change, and with the real
+// shell (whose commands change files without telling the fake) every
+// awaitTick too; ctx bounds the wait. cond may call the Server's accessors.
 func (s *Server) Await(ctx context.Context, cond func() bool) error {
+	var tick <-chan time.Time
+	if s.realShell {
+		t := time.NewTicker(awaitTick)
+		defer t.Stop()
+		tick = t.C
+	}
 	for {
 		s.mu.Lock()
 		ch := s.changed
@@ -177,11 +184,14 @@ func (s *Server) Await(ctx context.Context, cond func() bool) error {
 		}
 		select {
 		case <-ch:
+		case <-tick:
 		case <-ctx.Done():
 			return ctx.Err()
 		}
 	}
 }
+
+const awaitTick = 20 * time.Millisecond
 
 // Close stops the fake, dropping agent connections first.
 func (s *Server) Close() {

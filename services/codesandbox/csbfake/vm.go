@@ -175,6 +175,7 @@ func (s *Server) shellOut(ac *agentConn, sh *shell, chunk string) {
 	}
 	s.mu.Lock()
 	sh.buffer = append(sh.buffer, chunk)
+	s.bumpLocked()
 	s.mu.Unlock()
 	ac.notify("shell/out", map[string]any{"shellId": sh.id, "out": chunk})
 }

@@ -67,16 +67,19 @@ type spec struct {
 	TimeoutMS   int64             `json:"timeout_ms"`
 	MaxOutput   int               `json:"max_output,omitempty"`
 	Interactive bool              `json:"interactive,omitempty"`
-	Network     string            `json:"network"`
+	Network     string            `json:"network,omitempty"`
 	MaxEntries  int               `json:"max_entries"`
+	MaxHash     int64             `json:"max_hash_bytes,omitempty"`
 	Result      string            `json:"result"`
 }
 
-// changedFile is one workspace file a command created or changed.
+// changedFile is one workspace file a command created or changed (or,
+// from a scan, any file, with its SHA-256 when not too big).
 type changedFile struct {
 	Path    string `json:"path"`
 	Size    int64  `json:"size"`
 	MtimeNS int64  `json:"mtime_ns"`
+	SHA256  string `json:"sha256,omitempty"`
 }
 
 // result is the helper's report, from an untrusted VM: decoded strictly,

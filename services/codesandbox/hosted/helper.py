@@ -5,6 +5,8 @@
 #
 #   python3 HELPER run SPEC      one run_code run; the result goes to a file
 #   python3 HELPER job SPEC      one job, streamed as frames on the terminal
+#   python3 HELPER scan SPEC     the workspace's files with their SHA-256
+#                                (when the broker must reconcile it)
 #
 # SPEC is a JSON file the broker wrote just before; the helper deletes it.
 # A terminal mangles bytes (CRLF, escapes, echo) and merges stdout with
@@ -34,6 +36,7 @@ import errno
 import fcntl
 import json
 import os
+import shutil
 import signal
 import socket
 import stat
@@ -145,7 +148,11 @@ def netns_exec(argv):
         s.close()
     except OSError:
         pass
-    os.execvp(argv[0], argv)
+    try:
+        os.execvp(argv[0], argv)
+    except OSError as e:
+        sys.stderr.write("sandbox-broker: cannot run %s: %s\n" % (argv[0], e.strerror))
+        os._exit(127)
 
 
 def data_aliases(ws):
@@ -163,6 +170,8 @@ def spawn(spec, argv, stdin):
     env = dict(os.environ)
     env.update(spec.get("env") or {})
     env.setdefault("LANG", "C.UTF-8")
+    if shutil.which(argv[0], path=env.get("PATH")) is None:
+        raise RuntimeError("%s is not installed in the VM (the runner template must provide it)" % argv[0])
     if spec.get("network") != "allow":
         argv = isolation_prefix() + argv
     return subprocess.Popen(argv, cwd=spec["cwd"], env=env, stdin=stdin, stdout=subprocess.PIPE,
@@ -268,6 +277,29 @@ def run(spec):
     except OSError:
         pass
     write_result(spec["result"], res)
+
+
+def scan(spec):
+    """Every regular file with its hash (files over max_hash_bytes without)."""
+    import hashlib
+    files, other, truncated = manifest(spec["workspace"], int(spec["max_entries"]))
+    limit = int(spec["max_hash_bytes"])
+    out = []
+    for p, st in sorted(files.items()):
+        entry = {"path": p, "size": st[0], "mtime_ns": st[1]}
+        if st[0] <= limit:
+            h = hashlib.sha256()
+            try:
+                fd = os.open(os.path.join(spec["workspace"], p), os.O_RDONLY | os.O_NOFOLLOW)
+                with os.fdopen(fd, "rb") as f:
+                    for block in iter(lambda: f.read(1 << 20), b""):
+                        h.update(block)
+                entry["sha256"] = h.hexdigest()
+            except OSError:
+                continue
+        out.append(entry)
+    write_result(spec["result"], {"v": 1, "id": spec["id"], "changed": out, "skipped": sorted(other),
+                                  "manifest_truncated": truncated})
 
 
 class Frames:
@@ -387,13 +419,14 @@ def job(spec):
 def main():
     if len(sys.argv) >= 3 and sys.argv[1] == "netns-exec":
         netns_exec(sys.argv[2:])
-    if len(sys.argv) != 3 or sys.argv[1] not in ("run", "job"):
-        sys.stderr.write("usage: helper.py run|job SPEC\n")
+    modes = {"run": run, "job": job, "scan": scan}
+    if len(sys.argv) != 3 or sys.argv[1] not in modes:
+        sys.stderr.write("usage: helper.py run|job|scan SPEC\n")
         sys.exit(2)
     with open(sys.argv[2], encoding="utf-8") as f:
         spec = json.load(f)
     os.unlink(sys.argv[2])
-    (run if sys.argv[1] == "run" else job)(spec)
+    modes[sys.argv[1]](spec)
 
 
 if __name__ == "__main__":

@@ -85,22 +85,20 @@ func (s *Session) StartJob(ctx context.Context, spec0 sandbox.JobSpec, sink sand
 	timeout = min(timeout, agent.MaxTimeoutMS*time.Millisecond)
 
 	var notes []string
-	conn, w, err := s.prepare(ctx, &notes)
+	id := newID()
+	conn, w, err := s.prepare(ctx, &notes, func(ws string) spec {
+		return spec{
+			ID: id, Workspace: ws, Cwd: path.Join(ws, rel), Argv: []string{"bash", "-c", spec0.Command}, Env: spec0.Env,
+			TimeoutMS: max(timeout.Milliseconds(), 1), Interactive: spec0.Interactive, Network: s.b.o.Network,
+			MaxEntries: s.maxEntries(), Result: resultPath(id),
+		}
+	})
 	if err != nil {
 		return nil, err
 	}
 	w.Close()
 	for _, n := range notes {
 		sink(sandbox.StreamStderr, []byte("sandbox-broker: "+n+"\n"))
-	}
-	id := newID()
-	sp := spec{
-		ID: id, Workspace: s.v.ws, Cwd: path.Join(s.v.ws, rel), Argv: []string{"bash", "-c", spec0.Command}, Env: spec0.Env,
-		TimeoutMS: max(timeout.Milliseconds(), 1), Interactive: spec0.Interactive, Network: s.b.o.Network,
-		MaxEntries: s.maxEntries(), Result: resultPath(id),
-	}
-	if err := writeSpec(ctx, conn, sp); err != nil {
-		return nil, sandbox.NotStarted(codesandbox.AgentError(err))
 	}
 	j := &job{
 		s: s, id: id, conn: conn, interactive: spec0.Interactive, timeout: timeout, start: time.Now(),

@@ -30,11 +30,13 @@ var (
 	_ sandbox.JobRunner = (*Session)(nil)
 )
 
+// runMargin is what a run may take past its timeout before the broker
+// stops waiting: the helper's walks of the workspace and its kill (a
+// variable for tests).
+var runMargin = 30 * time.Second
+
 const (
 	defaultTimeout = 60 * time.Second
-	// runMargin is what a run may take past its timeout before the broker
-	// stops waiting: the helper's walks of the workspace and its kill.
-	runMargin = 30 * time.Second
 	// terminalTail is the terminal output kept for errors (a helper that
 	// could not start says why there).
 	terminalTail = 4 << 10
@@ -60,23 +62,36 @@ func (s *Session) maxEntries() int {
 }
 
 // prepare is what comes before any command: the VM up, the agent joined,
-// the host's files pushed. It returns the connection and the open host
-// workspace (the caller closes it); failures are NotStarted.
-func (s *Session) prepare(ctx context.Context, notes *[]string) (*codesandbox.Pitcher, *workspace.Workspace, error) {
+// the host's files pushed, the command's spec (made by mk for the VM's
+// workspace path) written. It returns the connection and the open host
+// workspace (the caller closes it). Nothing has run when it fails, so a
+// connection that turns out closed (the VM went to sleep just before) is
+// replaced once.
+func (s *Session) prepare(ctx context.Context, notes *[]string, mk func(ws string) spec) (*codesandbox.Pitcher, *workspace.Workspace, error) {
 	w, err := s.openWorkspace()
 	if err != nil {
 		return nil, nil, err
 	}
-	conn, err := s.agent(ctx)
-	if err != nil {
+	for attempt := 0; ; attempt++ {
+		conn, err := s.agent(ctx)
+		if err != nil {
+			w.Close()
+			return nil, nil, err
+		}
+		err = s.push(ctx, conn, w, notes)
+		if err == nil {
+			err = writeSpec(ctx, conn, mk(s.v.ws))
+		}
+		if err == nil {
+			return conn, w, nil
+		}
+		if attempt == 0 && errors.Is(err, codesandbox.ErrPitcherClosed) && ctx.Err() == nil {
+			*notes = (*notes)[:0]
+			continue
+		}
 		w.Close()
-		return nil, nil, err
+		return nil, nil, unreachable(codesandbox.AgentError(err))
 	}
-	if err := s.push(ctx, conn, w, notes); err != nil {
-		w.Close()
-		return nil, nil, sandbox.NotStarted(codesandbox.AgentError(err))
-	}
-	return conn, w, nil
 }
 
 // writeSpec writes a command's spec into the VM.
@@ -110,20 +125,18 @@ func (s *Session) Exec(ctx context.Context, req sandbox.ExecRequest) (sandbox.Ex
 	defer s.v.runMu.Unlock()
 
 	var notes []string
-	conn, w, err := s.prepare(ctx, &notes)
+	id := newID()
+	conn, w, err := s.prepare(ctx, &notes, func(ws string) spec {
+		return spec{
+			ID: id, Workspace: ws, Cwd: ws, Argv: lang.argv, Code: req.Code, CodeName: lang.file,
+			TimeoutMS: max(timeout.Milliseconds(), 1), MaxOutput: maxOut, Network: s.b.o.Network,
+			MaxEntries: s.maxEntries(), Result: resultPath(id),
+		}
+	})
 	if err != nil {
 		return sandbox.ExecResult{}, err
 	}
 	defer w.Close()
-	id := newID()
-	sp := spec{
-		ID: id, Workspace: s.v.ws, Cwd: s.v.ws, Argv: lang.argv, Code: req.Code, CodeName: lang.file,
-		TimeoutMS: max(timeout.Milliseconds(), 1), MaxOutput: maxOut, Network: s.b.o.Network,
-		MaxEntries: s.maxEntries(), Result: resultPath(id),
-	}
-	if err := writeSpec(ctx, conn, sp); err != nil {
-		return sandbox.ExecResult{}, sandbox.NotStarted(codesandbox.AgentError(err))
-	}
 
 	// From here the code may run: it is never sent again. A dropped
 	// connection is followed by a look for its result, not a retry.
@@ -137,7 +150,13 @@ func (s *Session) Exec(ctx context.Context, req sandbox.ExecRequest) (sandbox.Ex
 	switch {
 	case err == nil:
 		res, err = s.readResult(ctx, conn, id, maxOut)
-		if err != nil {
+		if errors.Is(err, codesandbox.ErrPitcherClosed) {
+			res, err = s.recoverResult(ctx, id, maxOut, deadline)
+			if err != nil {
+				return sandbox.ExecResult{Duration: time.Since(start)}, err
+			}
+			conn, _ = s.agent(ctx)
+		} else if err != nil {
 			return sandbox.ExecResult{Duration: time.Since(start)}, s.helperFailed(err, out)
 		}
 	case hardStop:

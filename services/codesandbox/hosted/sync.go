@@ -2,11 +2,11 @@ package hosted
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
-	"maps"
 	"path"
-	"slices"
 	"strings"
 
 	"github.com/sandbox-broker/sandbox-broker/services/brokererr"
@@ -39,61 +39,205 @@ func (s *Session) openWorkspace() (*workspace.Workspace, error) {
 func (v *vm) vmPath(rel string) string { return path.Join(v.ws, rel) }
 
 // push makes the VM's workspace match the host's; notes collects files it
-// could not copy. A failure leaves the VM unknown, so the next push starts
-// over.
+// could not copy. A failure leaves the VM unknown, so the next push
+// reconciles the two sides.
 func (s *Session) push(ctx context.Context, conn *codesandbox.Pitcher, w *workspace.Workspace, notes *[]string) error {
 	v := s.v
 	v.syncMu.Lock()
 	defer v.syncMu.Unlock()
+	switch {
+	case v.fresh:
+		// A new VM (or one reset): its workspace gives way to the host's.
+		if err := s.clearVM(ctx, conn); err != nil {
+			return err
+		}
+		v.fresh, v.known, v.base = false, true, nil
+	case !v.known:
+		return s.reconcile(ctx, conn, w, notes)
+	}
+	return s.pushAll(ctx, conn, w, notes)
+}
+
+// pushAll copies what changed on the host since base. Caller holds syncMu
+// and has made the VM match base.
+func (s *Session) pushAll(ctx context.Context, conn *codesandbox.Pitcher, w *workspace.Workspace, notes *[]string) error {
+	v := s.v
 	now, err := w.Snapshot()
 	if err != nil {
 		return err
 	}
-	var changed, deleted []string
-	if !v.known {
-		if err := s.clearVM(ctx, conn); err != nil {
-			v.known, v.base = false, nil
-			return err
-		}
-		changed = slices.Sorted(maps.Keys(now))
-	} else {
-		changed = workspace.Changed(v.base, now)
-		for p := range v.base {
-			if _, ok := now[p]; !ok {
-				deleted = append(deleted, p)
-			}
+	changed := workspace.Changed(v.base, now)
+	var deleted []string
+	for p := range v.base {
+		if _, ok := now[p]; !ok {
+			deleted = append(deleted, p)
 		}
 	}
 	v.known = false // until the copy is complete
 	for _, p := range deleted {
-		if err := conn.Remove(ctx, v.vmPath(p), false); err != nil && !notFound(err) {
-			return codesandbox.AgentError(err)
+		if err := s.removeVM(ctx, conn, p); err != nil {
+			return err
 		}
 	}
 	made := map[string]bool{}
 	for _, p := range changed {
-		if now[p].Size > s.b.o.MaxSyncFileBytes {
-			*notes = append(*notes, fmt.Sprintf("%s (%d bytes) was not copied into the hosted VM: files over %d bytes stay on the broker", p, now[p].Size, s.b.o.MaxSyncFileBytes))
-			delete(now, p)
-			continue
-		}
-		f, err := w.Read(p, 0, s.b.o.MaxSyncFileBytes)
-		if err != nil {
-			delete(now, p) // changed or gone since the walk: next time
-			continue
-		}
-		if dir := path.Dir(p); dir != "." && !made[dir] {
-			if err := conn.Mkdir(ctx, v.vmPath(dir), true); err != nil {
-				return codesandbox.AgentError(err)
-			}
-			made[dir] = true
-		}
-		if err := conn.WriteFile(ctx, v.vmPath(p), f.Data); err != nil {
-			return codesandbox.AgentError(err)
+		if err := s.pushFile(ctx, conn, w, p, now, made, notes); err != nil {
+			return err
 		}
 	}
 	v.known, v.base = true, now
 	return nil
+}
+
+// pushFile copies host file p into the VM; a file that cannot be read
+// (gone, changed since the walk) or is over the sync cap leaves now.
+func (s *Session) pushFile(ctx context.Context, conn *codesandbox.Pitcher, w *workspace.Workspace, p string, now map[string]workspace.FileStamp, made map[string]bool, notes *[]string) error {
+	if now[p].Size > s.b.o.MaxSyncFileBytes {
+		*notes = append(*notes, fmt.Sprintf("%s (%d bytes) was not copied into the hosted VM: files over %d bytes stay on the broker", p, now[p].Size, s.b.o.MaxSyncFileBytes))
+		delete(now, p)
+		return nil
+	}
+	f, err := w.Read(p, 0, s.b.o.MaxSyncFileBytes)
+	if err != nil {
+		delete(now, p) // the next push tries again
+		return nil
+	}
+	if dir := path.Dir(p); dir != "." && !made[dir] {
+		if err := conn.Mkdir(ctx, s.v.vmPath(dir), true); err != nil {
+			return codesandbox.AgentError(err)
+		}
+		made[dir] = true
+	}
+	return codesandbox.AgentError(conn.WriteFile(ctx, s.v.vmPath(p), f.Data))
+}
+
+func (s *Session) removeVM(ctx context.Context, conn *codesandbox.Pitcher, p string) error {
+	if err := conn.Remove(ctx, s.v.vmPath(p), false); err != nil && !notFound(err) {
+		return codesandbox.AgentError(err)
+	}
+	return nil
+}
+
+// reconcile brings a VM and host that may both have changed since they
+// last matched (a run whose outcome was lost, a broker restart) together
+// again, file by file, with the host's stamps at the last sync (base) as
+// the common ancestor: a side that changed a file since then wins, the
+// host when both did (or when there is no base); a file only one side has
+// was created there, or deleted on the other if base had it unchanged.
+// Caller holds syncMu.
+func (s *Session) reconcile(ctx context.Context, conn *codesandbox.Pitcher, w *workspace.Workspace, notes *[]string) error {
+	v := s.v
+	scan, err := s.scan(ctx, conn)
+	if err != nil {
+		return err
+	}
+	if scan.ManifestTruncated {
+		// More than the quota allows: what the VM holds beyond the
+		// host's copy is given up, as the process backend removes what a
+		// run over the quota wrote.
+		s.b.log.Warn().Str("sandbox_id", v.id()).Msg("csb_session_vm_over_quota_reset")
+		if err := s.clearVM(ctx, conn); err != nil {
+			return err
+		}
+		v.base = nil
+		v.known = true
+		return s.pushAll(ctx, conn, w, notes)
+	}
+	host, err := w.Snapshot()
+	if err != nil {
+		return err
+	}
+	inVM := map[string]changedFile{}
+	for _, f := range scan.Changed {
+		if rel, err := workspace.ValidatePath(f.Path); err == nil && rel == f.Path {
+			inVM[f.Path] = f
+		}
+	}
+	var toPull fileChanges
+	var toPush, vmGone, hostGone []string
+	for p, f := range inVM {
+		h, onHost := host[p]
+		b, inBase := v.base[p]
+		unchangedOnHost := inBase && onHost && h.Equal(b)
+		switch {
+		case !onHost && inBase:
+			vmGone = append(vmGone, p) // deleted on the host
+		case !onHost, unchangedOnHost && !s.sameContent(w, p, f):
+			toPull.Changed = append(toPull.Changed, f)
+		case !s.sameContent(w, p, f):
+			toPush = append(toPush, p)
+		}
+	}
+	for p, h := range host {
+		if _, ok := inVM[p]; ok {
+			continue
+		}
+		if b, inBase := v.base[p]; inBase && h.Equal(b) {
+			hostGone = append(hostGone, p) // deleted in the VM
+		} else {
+			toPush = append(toPush, p)
+		}
+	}
+	for _, p := range vmGone {
+		if err := s.removeVM(ctx, conn, p); err != nil {
+			return err
+		}
+	}
+	made := map[string]bool{}
+	for _, p := range toPush {
+		if err := s.pushFile(ctx, conn, w, p, host, made, notes); err != nil {
+			return err
+		}
+	}
+	for _, p := range hostGone {
+		_ = w.Remove(p)
+	}
+	v.known, v.base = true, host
+	if len(toPull.Changed) > 0 {
+		if _, err := s.pullLocked(ctx, conn, w, toPull, notes); err != nil {
+			return err
+		}
+	}
+	if v.known {
+		if v.base, err = w.Snapshot(); err != nil {
+			v.known = false
+			return err
+		}
+	}
+	s.b.log.Info().Str("sandbox_id", v.id()).Int("pulled", len(toPull.Changed)).Int("pushed", len(toPush)).
+		Int("removed_vm", len(vmGone)).Int("removed_host", len(hostGone)).Msg("csb_session_reconciled")
+	return nil
+}
+
+// sameContent compares host file p with the scan's hash of the VM's copy.
+func (s *Session) sameContent(w *workspace.Workspace, p string, f changedFile) bool {
+	if f.SHA256 == "" {
+		return false
+	}
+	file, err := w.Read(p, 0, s.b.o.MaxSyncFileBytes)
+	if err != nil || int64(len(file.Data)) != f.Size {
+		return false
+	}
+	sum := sha256.Sum256(file.Data)
+	return hex.EncodeToString(sum[:]) == f.SHA256
+}
+
+// scan runs the helper's scan of the VM's workspace.
+func (s *Session) scan(ctx context.Context, conn *codesandbox.Pitcher) (*result, error) {
+	id := newID()
+	sp := spec{ID: id, Workspace: s.v.ws, MaxEntries: s.maxEntries(), MaxHash: s.b.o.MaxSyncFileBytes, Result: resultPath(id)}
+	if err := writeSpec(ctx, conn, sp); err != nil {
+		return nil, codesandbox.AgentError(err)
+	}
+	out, err := conn.Run(ctx, helperCommand("scan", id), s.v.ws, terminalTail)
+	if err != nil {
+		return nil, codesandbox.AgentError(err)
+	}
+	res, err := s.readResult(ctx, conn, id, 0)
+	if err != nil {
+		return nil, s.helperFailed(err, out)
+	}
+	return res, nil
 }
 
 // clearVM empties the VM's workspace (the host's copy is pushed next).
@@ -127,13 +271,19 @@ var errSyncQuota = errors.New("workspace quota")
 // failure the VM's workspace is left unknown, so the next push makes it
 // the host's again.
 func (s *Session) pull(ctx context.Context, conn *codesandbox.Pitcher, w *workspace.Workspace, ch fileChanges, notes *[]string) ([]sandbox.FileInfo, error) {
+	s.v.syncMu.Lock()
+	defer s.v.syncMu.Unlock()
+	return s.pullLocked(ctx, conn, w, ch, notes)
+}
+
+// pullLocked is pull; the caller holds syncMu.
+func (s *Session) pullLocked(ctx context.Context, conn *codesandbox.Pitcher, w *workspace.Workspace, ch fileChanges, notes *[]string) ([]sandbox.FileInfo, error) {
 	v := s.v
-	v.syncMu.Lock()
-	defer v.syncMu.Unlock()
 	if ch.ManifestTruncated {
-		v.known, v.base = false, nil
+		v.known, v.fresh = false, true // the next push resets the VM's workspace to the host's
 		l := w.Limits()
-		return nil, brokererr.New(brokererr.QuotaExceeded, "the VM's workspace holds more than the %d entries the workspace quota allows; remove files and run again", l.MaxFiles)
+		return nil, brokererr.New(brokererr.QuotaExceeded,
+			"the run left more than the %d entries the workspace quota allows; the files it wrote were discarded", l.MaxFiles)
 	}
 	for _, p := range ch.Skipped {
 		if len(*notes) < 20 {
@@ -142,7 +292,7 @@ func (s *Session) pull(ctx context.Context, conn *codesandbox.Pitcher, w *worksp
 	}
 	host, err := w.Snapshot()
 	if err != nil {
-		v.known, v.base = false, nil
+		v.known = false
 		return nil, err
 	}
 	for _, p := range ch.Deleted {
@@ -193,7 +343,7 @@ func (s *Session) pull(ctx context.Context, conn *codesandbox.Pitcher, w *worksp
 		break
 	}
 	if failed != nil {
-		v.known, v.base = false, nil
+		v.known = false
 		if errors.Is(failed, errSyncQuota) {
 			s.undo(ctx, conn, w, ch)
 			l := w.Limits()
@@ -204,7 +354,7 @@ func (s *Session) pull(ctx context.Context, conn *codesandbox.Pitcher, w *worksp
 	}
 	after, err := w.Snapshot()
 	if err != nil {
-		v.known, v.base = false, nil
+		v.known = false
 		return nil, err
 	}
 	out := make([]sandbox.FileInfo, 0, len(wrote))

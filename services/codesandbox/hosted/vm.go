@@ -25,12 +25,13 @@ type vm struct {
 	destroyed bool
 
 	syncMu sync.Mutex // held while copying files either way
-	// known says base is what the VM's workspace holds: the host stamps
-	// of every file as of the last sync. When it is not (a new VM, a
-	// broker restart, a copy that failed half-way) the next sync makes
-	// the VM's workspace the host's again.
-	known bool
-	base  map[string]workspace.FileStamp
+	// base holds the host stamps of every file as of the last sync, and
+	// known says the VM's workspace still matches it. When it may not (a
+	// run whose outcome was lost, a copy that failed half-way, a broker
+	// restart) the next push reconciles the two sides; a fresh VM (its
+	// template's workspace) is made the host's.
+	known, fresh bool
+	base         map[string]workspace.FileStamp
 }
 
 func (v *vm) id() string {
@@ -49,17 +50,37 @@ func (v *vm) disconnect() {
 	}
 }
 
-// unknown marks the VM's workspace as not matching the host.
+// unknown marks the VM's workspace as maybe not matching the host.
 func (v *vm) unknown() {
 	v.syncMu.Lock()
-	v.known, v.base = false, nil
+	v.known = false
 	v.syncMu.Unlock()
+}
+
+// forked marks a new VM, whose workspace is its template's.
+func (v *vm) forked() {
+	v.syncMu.Lock()
+	v.known, v.fresh, v.base = false, true, nil
+	v.syncMu.Unlock()
+}
+
+// unreachable marks, as sandbox.NotStarted, an error that came before any
+// work reached the VM and says CodeSandbox could not be reached or would
+// not take work now (5xx, 429, a timeout, a dropped connection): such a
+// call may run elsewhere (sandbox.Fallback). Refused credentials or a
+// missing template are the operator's to fix, and stay as they are.
+func unreachable(err error) error {
+	switch brokererr.CodeOf(err) {
+	case brokererr.Unavailable, brokererr.RateLimitExceeded, brokererr.SandboxTimeout:
+		return sandbox.NotStarted(err)
+	}
+	return err
 }
 
 // agent returns a live connection to the session's VM: forking one on
 // first use (or when the old one was deleted), resuming a hibernated one,
-// joining its agent and installing the helper. Every failure here is
-// before any work reached the VM: sandbox.NotStarted.
+// joining its agent and installing the helper. Nothing has run yet when it
+// fails (see unreachable).
 func (s *Session) agent(ctx context.Context) (*codesandbox.Pitcher, error) {
 	conn, _, err := s.connect(ctx)
 	return conn, err
@@ -90,23 +111,23 @@ func (s *Session) connect(ctx context.Context) (*codesandbox.Pitcher, string, er
 			// workspace is the truth, so a new VM takes its place.
 			s.b.log.Warn().Str("workspace_id", s.ref.WorkspaceID).Str("sandbox_id", v.id()).Msg("csb_session_vm_gone")
 			if err := s.b.db.remove(ctx, s.ref.WorkspaceID); err != nil {
-				return nil, "", sandbox.NotStarted(brokererr.Wrap(err, brokererr.Unavailable, "session store unavailable"))
+				return nil, "", brokererr.Wrap(err, brokererr.Unavailable, "session store unavailable")
 			}
 			v.sandboxID.Store("")
 			continue
 		}
 		if err != nil {
-			return nil, "", sandbox.NotStarted(err)
+			return nil, "", unreachable(err)
 		}
 		o := s.b.o.Pitcher
 		o.Log = s.b.o.Log.With().Str("sandbox_id", start.ID).Logger()
 		conn, err := codesandbox.DialPitcher(ctx, start.PitcherURL, start.PitcherToken, o)
 		if err != nil {
-			return nil, "", sandbox.NotStarted(codesandbox.AgentError(err))
+			return nil, "", unreachable(codesandbox.AgentError(err))
 		}
 		if err := installHelper(ctx, conn); err != nil {
 			_ = conn.Close()
-			return nil, "", sandbox.NotStarted(codesandbox.AgentError(err))
+			return nil, "", unreachable(codesandbox.AgentError(err))
 		}
 		v.conn, v.ws, v.bootup = conn, start.Workspace(), start.BootupType
 		s.b.log.Debug().Str("sandbox_id", start.ID).Str("bootup_type", start.BootupType).Msg("csb_session_connected")
@@ -145,7 +166,7 @@ func (s *Session) startVM(ctx context.Context) (*codesandbox.StartResponse, erro
 		return nil, brokererr.Wrap(err, brokererr.Unavailable, "session store unavailable")
 	}
 	v.sandboxID.Store(fr.ID)
-	v.unknown()
+	v.forked()
 	s.b.log.Info().Str("sandbox_id", fr.ID).Str("workspace_id", s.ref.WorkspaceID).
 		Int64("duration_ms", time.Since(t0).Milliseconds()).Msg("csb_session_vm_created")
 	if fr.StartResponse != nil {
