@@ -153,7 +153,9 @@ var templateRefRe = regexp.MustCompile(`^[A-Za-z0-9_@-][A-Za-z0-9_.@-]{0,127}$`)
 
 // ValidTemplateRef reports whether s has the form of a template
 // reference fork accepts (sandbox ID, tag or alias).
-func ValidTemplateRef(s string) bool { return templateRefRe.MatchString(s) && !strings.Contains(s, "..") }
+func ValidTemplateRef(s string) bool {
+	return templateRefRe.MatchString(s) && !strings.Contains(s, "..")
+}
 
 // ValidSandboxID reports whether id has the form of a CodeSandbox ID.
 func ValidSandboxID(id string) bool { return sandboxIDRe.MatchString(id) }

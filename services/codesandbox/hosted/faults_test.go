@@ -146,7 +146,11 @@ func TestCancelledRunStopsInTheVM(t *testing.T) {
 	run(t, s, "bash", "true")
 	cx, cancel := context.WithCancel(ctx(t))
 	go func() {
-		_ = e.fake.Await(ctx(t), func() bool { st, _ := e.fake.Sandbox(s.v.id()); _, ok := st.Files["/project/workspace/started.txt"]; return ok })
+		_ = e.fake.Await(ctx(t), func() bool {
+			st, _ := e.fake.Sandbox(s.v.id())
+			_, ok := st.Files["/project/workspace/started.txt"]
+			return ok
+		})
 		cancel()
 	}()
 	_, err := s.Exec(cx, sandbox.ExecRequest{Language: "bash", Code: "touch started.txt; echo started; sleep 3; echo late > late.txt", Timeout: 30 * time.Second})
