@@ -4,7 +4,6 @@ import (
 	"context"
 	"database/sql"
 	"errors"
-	"fmt"
 	"time"
 
 	"github.com/sandbox-broker/sandbox-broker/services/statedb"
@@ -15,20 +14,17 @@ import (
 // session belongs to. Table csb_sessions in state.db.
 type store struct{ db *sql.DB }
 
-func openStore(ctx context.Context, path string) (*store, error) {
-	db, err := statedb.Open(path)
-	if err != nil {
-		return nil, err
-	}
-	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	if _, err := db.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS csb_sessions(
+// schema is the table's migration steps (services/migrate).
+var schema = statedb.Schema{Component: "csb_sessions", Steps: []string{`CREATE TABLE IF NOT EXISTS csb_sessions(
 		workspace_id TEXT PRIMARY KEY,
 		principal TEXT NOT NULL,
 		sandbox_id TEXT NOT NULL UNIQUE,
-		created_at INTEGER NOT NULL)`); err != nil {
-		db.Close()
-		return nil, fmt.Errorf("csb_sessions table: %w", err)
+		created_at INTEGER NOT NULL)`}}
+
+func openStore(ctx context.Context, path string) (*store, error) {
+	db, err := statedb.Open(ctx, path, schema)
+	if err != nil {
+		return nil, err
 	}
 	return &store{db: db}, nil
 }
