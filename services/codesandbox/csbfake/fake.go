@@ -61,7 +61,8 @@ type Request struct {
 }
 
 // PitcherCall is one recorded agent request, or with FromAgent a
-// notification the agent sent (only setup/progress is recorded).
+// notification the agent sent (setup/progress, and the real shell's
+// shell/out and shell/exit).
 type PitcherCall struct {
 	SandboxID string
 	Method    string

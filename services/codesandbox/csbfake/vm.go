@@ -173,11 +173,19 @@ func (s *Server) shellOut(ac *agentConn, sh *shell, chunk string) {
 	if chunk == "" {
 		return
 	}
+	params := map[string]any{"shellId": sh.id, "out": chunk}
 	s.mu.Lock()
 	sh.buffer = append(sh.buffer, chunk)
-	s.bumpLocked()
+	s.recordLocked(ac, "shell/out", params)
 	s.mu.Unlock()
-	ac.notify("shell/out", map[string]any{"shellId": sh.id, "out": chunk})
+	ac.notify("shell/out", params)
+}
+
+// recordLocked notes a notification of the real shell in PitcherCalls
+// (FromAgent); the caller holds s.mu.
+func (s *Server) recordLocked(ac *agentConn, method string, params map[string]any) {
+	s.calls = append(s.calls, PitcherCall{SandboxID: ac.sandboxID, Method: method, Params: params, FromAgent: true})
+	s.bumpLocked()
 }
 
 // endShell sends sh's last output and shell/exit, unless it was killed.
@@ -189,7 +197,8 @@ func (s *Server) endShell(ac *agentConn, sh *shell, code int, last string) {
 		return
 	}
 	sh.status, sh.exit, sh.tty = "FINISHED", &code, nil
-	s.bumpLocked()
+	params := map[string]any{"shellId": sh.id, "shellType": sh.typ, "exitCode": code}
+	s.recordLocked(ac, "shell/exit", params)
 	s.mu.Unlock()
-	ac.notify("shell/exit", map[string]any{"shellId": sh.id, "shellType": sh.typ, "exitCode": code})
+	ac.notify("shell/exit", params)
 }
