@@ -62,6 +62,13 @@ func newEnv(t *testing.T, mod func(*Options), fakeOpts ...csbfake.Option) *env {
 	return &env{t: t, fake: fake, b: b, root: root}
 }
 
+// vmID is the VM of workspace wid.
+func (e *env) vmID(wid string) string {
+	e.b.mu.Lock()
+	defer e.b.mu.Unlock()
+	return e.b.vms[wid].id()
+}
+
 func (e *env) dir(wid string) string { return filepath.Join(e.root, "workspaces", wid) }
 
 func (e *env) open(wid, principal string) *Session {
