@@ -126,6 +126,7 @@ type Server struct {
 	agentScheme string        // of pitcher_url: "ws" (default) or "http"
 	setupHold   chan struct{} // while open, VM setup does not start (HoldSetup)
 	realShell   bool          // WithRealShell
+	capDrop     bool          // WithUnprivilegedShell
 	restDelay   time.Duration // WithLatency
 	agentDelay  time.Duration
 	// changed is closed and replaced whenever state may have changed, so

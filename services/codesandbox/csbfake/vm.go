@@ -39,6 +39,13 @@ func WithRealShell() Option {
 	}
 }
 
+// WithUnprivilegedShell runs the real shell's commands as uid 1000
+// without capabilities (a non-root VM user), so they cannot make a network
+// namespace without a user namespace first.
+func WithUnprivilegedShell() Option {
+	return func(s *Server) { s.capDrop = true }
+}
+
 // WithLatency delays every management API answer by rest and every
 // message the agent sends (responses and notifications, in order) by
 // agent, as a network between the broker and CodeSandbox would.
@@ -66,12 +73,15 @@ const vmPath = "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin"
 var usrLinks = []string{"bin", "sbin", "lib", "lib32", "lib64", "libx32"}
 
 // vmArgs is the bubblewrap command line of one command in sb's VM.
-func vmArgs(f *vmFS, cwd, command string) []string {
+func vmArgs(f *vmFS, cwd, command string, capDrop bool) []string {
 	a := []string{
 		"--die-with-parent", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--hostname", "csb-vm",
 		"--clearenv", "--setenv", "PATH", vmPath, "--setenv", "HOME", "/root", "--setenv", "TERM", "xterm-256color",
 		"--setenv", "LANG", "C.UTF-8",
 		"--ro-bind", "/usr", "/usr",
+	}
+	if capDrop {
+		a = append(a, "--unshare-user", "--uid", "1000", "--gid", "1000", "--cap-drop", "ALL")
 	}
 	for _, d := range usrLinks {
 		host := "/" + d
@@ -100,7 +110,7 @@ func vmArgs(f *vmFS, cwd, command string) []string {
 // startReal starts sh's command in the VM (see WithRealShell) and returns
 // what streams it, to run once shell/create has been answered.
 func (s *Server) startReal(ac *agentConn, sb *sandbox, sh *shell, cwd string) func() {
-	cmd := exec.Command("bwrap", vmArgs(sb.fs, cwd, sh.command)...)
+	cmd := exec.Command("bwrap", vmArgs(sb.fs, cwd, sh.command, s.capDrop)...)
 	tty, err := pty.StartWithSize(cmd, &pty.Winsize{Cols: 128, Rows: 24})
 	if err != nil {
 		return func() { s.endShell(ac, sh, 127, "bash: cannot start: "+err.Error()+"\r\n") }

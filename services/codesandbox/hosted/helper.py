@@ -21,6 +21,9 @@
 #   SBX1 O <b64 bytes> / SBX1 E ...    stdout / stderr
 #   SBX1 X <b64 json result>           ended (after its result file is written)
 #
+# A run or scan ends by sending its result the same way (SBX1 R), which
+# spares the broker a read of the file.
+#
 # and the broker types control lines into the terminal (shell/in), which
 # the helper puts in raw mode first: "D <b64>" stdin data, "C" close stdin,
 # "K <signo>" signal the job's process group.
@@ -30,13 +33,12 @@
 # never follows a symlink), so the broker copies back only those. Nothing
 # here is trusted: the VM is the user's, and the broker checks every path,
 # size and field it reads.
-import base64
+import binascii
 import ctypes
 import errno
 import fcntl
 import json
 import os
-import shutil
 import signal
 import socket
 import stat
@@ -65,7 +67,18 @@ def die_with_parent():
 
 
 def b64(data):
-    return base64.b64encode(data).decode("ascii")
+    return binascii.b2a_base64(data, newline=False).decode("ascii")
+
+
+def which(name, path):
+    """shutil.which without importing shutil (the helper starts often)."""
+    if "/" in name:
+        return name if os.access(name, os.X_OK) else None
+    for d in (path or os.defpath).split(os.pathsep):
+        p = os.path.join(d, name)
+        if os.path.isfile(p) and os.access(p, os.X_OK):
+            return p
+    return None
 
 
 def valid_name(rel):
@@ -116,43 +129,46 @@ def diff(before, after):
     return {"changed": changed, "deleted": deleted, "skipped": skipped, "manifest_truncated": truncated}
 
 
-def write_result(path, res):
+def write_result(path, res, announce=False):
+    data = json.dumps(res)
     tmp = path + ".tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
-        json.dump(res, f)
+        f.write(data)
     os.replace(tmp, path)
+    if announce:
+        Frames().send("R", data.encode())
 
 
-def isolation_prefix():
-    """The argv prefix that takes the network away, or raises."""
-    for flags in (["--net"], ["--net", "--map-root-user"]):
-        try:
-            probe = subprocess.run(["unshare"] + flags + ["--", "true"], stdin=subprocess.DEVNULL,
-                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=10)
-        except (OSError, subprocess.SubprocessError):
-            continue
-        if probe.returncode == 0:
-            return ["unshare"] + flags + ["--", sys.executable, HELPER, "netns-exec"]
-    raise RuntimeError("this VM cannot take the network away from a command (unshare --net failed); "
-                       "the operator must use a template where it works, or allow the VM's network")
+CLONE_NEWNET = 0x40000000
+CLONE_NEWUSER = 0x10000000
 
 
-def netns_exec(argv):
-    # In the new network namespace loopback is down: bring it up.
+def isolate():
+    """In the command's process, before exec: a network namespace of its
+    own, holding only loopback (up). Without the privilege to make one, a
+    user namespace of its own first (same uid inside)."""
+    if _libc is None:
+        raise OSError(errno.ENOSYS, "no libc")
+    if _libc.unshare(CLONE_NEWNET) != 0:
+        uid, gid = os.getuid(), os.getgid()
+        if _libc.unshare(CLONE_NEWUSER | CLONE_NEWNET) != 0:
+            e = ctypes.get_errno()
+            raise OSError(e, "unshare: " + os.strerror(e))
+        # Keep the uid inside; unmapped (overflow uid) is no less isolated,
+        # and is what a uid 0 without capabilities gets.
+        for name, text in (("setgroups", "deny"), ("uid_map", "%d %d 1" % (uid, uid)), ("gid_map", "%d %d 1" % (gid, gid))):
+            try:
+                with open("/proc/self/" + name, "w") as f:
+                    f.write(text)
+            except OSError:
+                pass
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     try:
-        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        ifr = struct.pack("16sH14s", b"lo", 0, b"")
-        flags = struct.unpack("16sH14s", fcntl.ioctl(s, 0x8913, ifr))[1]  # SIOCGIFFLAGS
+        flags = struct.unpack("16sH14s", fcntl.ioctl(s, 0x8913, struct.pack("16sH14s", b"lo", 0, b"")))[1]  # SIOCGIFFLAGS
         fcntl.ioctl(s, 0x8914, struct.pack("16sH14s", b"lo", flags | 1, b""))  # SIOCSIFFLAGS, IFF_UP
+    finally:
         s.close()
-    except OSError:
-        pass
-    try:
-        os.execvp(argv[0], argv)
-    except OSError as e:
-        sys.stderr.write("sandbox-broker: cannot run %s: %s\n" % (argv[0], e.strerror))
-        os._exit(127)
 
 
 def data_aliases(ws):
@@ -170,12 +186,22 @@ def spawn(spec, argv, stdin):
     env = dict(os.environ)
     env.update(spec.get("env") or {})
     env.setdefault("LANG", "C.UTF-8")
-    if shutil.which(argv[0], path=env.get("PATH")) is None:
+    if which(argv[0], env.get("PATH")) is None:
         raise RuntimeError("%s is not installed in the VM (the runner template must provide it)" % argv[0])
-    if spec.get("network") != "allow":
-        argv = isolation_prefix() + argv
-    return subprocess.Popen(argv, cwd=spec["cwd"], env=env, stdin=stdin, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, start_new_session=True, preexec_fn=die_with_parent)
+    deny = spec.get("network") != "allow"
+
+    def child():
+        die_with_parent()
+        if deny:
+            isolate()
+
+    try:
+        return subprocess.Popen(argv, cwd=spec["cwd"], env=env, stdin=stdin, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, start_new_session=True, preexec_fn=child)
+    except subprocess.SubprocessError:
+        # preexec_fn failed: only isolate() can.
+        raise RuntimeError("this VM cannot take the network away from a command (no network or user namespace); "
+                           "the operator must use a template where it works, or allow the VM's network")
 
 
 def killpg(pid, sig=signal.SIGKILL):
@@ -241,7 +267,7 @@ def run(spec):
         proc = spawn(spec, list(spec["argv"]) + [code_path], subprocess.DEVNULL)
     except (OSError, RuntimeError) as e:
         res["error"] = str(e)[:300]
-        write_result(spec["result"], res)
+        write_result(spec["result"], res, announce=True)
         return
     proc_ref.append(proc)
     captured = {}
@@ -276,7 +302,7 @@ def run(spec):
         os.rmdir(code_dir)
     except OSError:
         pass
-    write_result(spec["result"], res)
+    write_result(spec["result"], res, announce=True)
 
 
 def scan(spec):
@@ -299,7 +325,7 @@ def scan(spec):
                 continue
         out.append(entry)
     write_result(spec["result"], {"v": 1, "id": spec["id"], "changed": out, "skipped": sorted(other),
-                                  "manifest_truncated": truncated})
+                                  "manifest_truncated": truncated}, announce=True)
 
 
 class Frames:
@@ -388,8 +414,8 @@ def job(spec):
                 parts = line.strip().split(b" ")
                 if parts[0] == b"D" and len(parts) == 2 and interactive:
                     try:
-                        data = base64.b64decode(parts[1], validate=True)
-                    except ValueError:
+                        data = binascii.a2b_base64(parts[1])
+                    except (binascii.Error, ValueError):
                         continue
                     with stdin_cv:
                         stdin_q.append(data)
@@ -417,8 +443,6 @@ def job(spec):
 
 
 def main():
-    if len(sys.argv) >= 3 and sys.argv[1] == "netns-exec":
-        netns_exec(sys.argv[2:])
     modes = {"run": run, "job": job, "scan": scan}
     if len(sys.argv) != 3 or sys.argv[1] not in modes:
         sys.stderr.write("usage: helper.py run|job|scan SPEC\n")

@@ -32,14 +32,14 @@ const (
 )
 
 type env struct {
-	t    *testing.T
+	t    testing.TB
 	fake *csbfake.Server
 	b    *Backend
 	root string
 }
 
 // newEnv is a backend on a fake whose VMs run commands for real.
-func newEnv(t *testing.T, mod func(*Options), fakeOpts ...csbfake.Option) *env {
+func newEnv(t testing.TB, mod func(*Options), fakeOpts ...csbfake.Option) *env {
 	t.Helper()
 	fake := csbfake.New(t, testKey, append([]csbfake.Option{csbfake.WithRealShell()}, fakeOpts...)...)
 	fake.AddTemplate(runnerTemplate, nil, 0)
@@ -80,7 +80,7 @@ func (e *env) open(wid, principal string) *Session {
 	return s.(*Session)
 }
 
-func ctx(t *testing.T) context.Context {
+func ctx(t testing.TB) context.Context {
 	c, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	t.Cleanup(cancel)
 	return c
@@ -253,8 +253,16 @@ func TestNetworkDeniedByDefault(t *testing.T) {
 		}
 	}()
 	code := fmt.Sprintf("import socket\ntry:\n  print(socket.create_connection(('127.0.0.1', %d), timeout=5).recv(5).decode())\nexcept OSError as e:\n  print('refused', type(e).__name__)\n", ln.Addr().(*net.TCPAddr).Port)
-	for _, tc := range []struct{ network, want string }{{"", "refused"}, {NetworkAllow, "hello"}} {
-		e := newEnv(t, func(o *Options) { o.Network = tc.network })
+	for _, tc := range []struct {
+		network, want string
+		opts          []csbfake.Option
+	}{
+		{"", "refused", nil},
+		{NetworkAllow, "hello", nil},
+		// A VM user without privileges gets its network namespace inside a user namespace.
+		{NetworkDeny, "refused", []csbfake.Option{csbfake.WithUnprivilegedShell()}},
+	} {
+		e := newEnv(t, func(o *Options) { o.Network = tc.network }, tc.opts...)
 		r := run(t, e.open(wid1, "alice"), "python", code+"print(socket.create_server(('127.0.0.1', 0)).getsockname()[0])")
 		// Loopback inside the command's own namespace still works.
 		if !strings.HasPrefix(string(r.Stdout), tc.want) || !strings.HasSuffix(string(r.Stdout), "127.0.0.1\n") {

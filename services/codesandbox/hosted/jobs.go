@@ -253,9 +253,7 @@ func (j *job) copyBack(res *result, sink sandbox.JobSink) error {
 		j.s.v.unknown()
 		return err
 	}
-	if err := conn.Remove(ctx, resultPath(j.id), false); err != nil && !notFound(err) {
-		j.s.b.log.Warn().Err(codesandbox.AgentError(err)).Msg("csb_result_remove_failed")
-	}
+	j.s.removeResult(conn, j.id)
 	var notes []string
 	_, err = j.s.pull(ctx, conn, w, res.fileChanges, &notes)
 	for _, n := range notes {

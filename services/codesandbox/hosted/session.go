@@ -8,6 +8,7 @@ import (
 	"errors"
 	"os"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/sandbox-broker/sandbox-broker/services/agent"
@@ -143,22 +144,13 @@ func (s *Session) Exec(ctx context.Context, req sandbox.ExecRequest) (sandbox.Ex
 	start := time.Now()
 	deadline := start.Add(timeout + runMargin)
 	rctx, cancel := context.WithDeadline(ctx, deadline)
-	out, err := conn.Run(rctx, helperCommand("run", id), s.v.ws, terminalTail)
+	res, tail, err := s.runHelper(rctx, conn, "run", id, maxOut)
 	hardStop := rctx.Err() != nil && ctx.Err() == nil
 	cancel()
-	var res *result
 	switch {
 	case err == nil:
-		res, err = s.readResult(ctx, conn, id, maxOut)
-		if errors.Is(err, codesandbox.ErrPitcherClosed) {
-			res, err = s.recoverResult(ctx, id, maxOut, deadline)
-			if err != nil {
-				return sandbox.ExecResult{Duration: time.Since(start)}, err
-			}
-			conn, _ = s.agent(ctx)
-		} else if err != nil {
-			return sandbox.ExecResult{Duration: time.Since(start)}, s.helperFailed(err, out)
-		}
+	case errors.Is(err, errNoResult):
+		return sandbox.ExecResult{Duration: time.Since(start)}, s.helperFailed(err, tail)
 	case hardStop:
 		s.v.unknown()
 		s.b.log.Warn().Str("sandbox_id", s.v.id()).Dur("timeout", timeout).Msg("csb_run_missed_deadline")
@@ -207,7 +199,65 @@ func appendNotes(stderr []byte, notes []string) []byte {
 	return append(stderr, b.String()...)
 }
 
-// readResult reads and checks run id's result file, then deletes it.
+// errNoResult: the helper ended without a result.
+var errNoResult = errors.New("the helper left no result")
+
+// runHelper runs the helper in mode for spec id and returns its result:
+// the one it sends on the terminal as it ends (no extra round trip), else
+// the one in its result file. tail is the terminal's last output, for a
+// helper that could not start. When ctx ends first the shell is
+// terminated (the helper then kills its command) and ctx's error returned.
+func (s *Session) runHelper(ctx context.Context, conn *codesandbox.Pitcher, mode, id string, maxOut int) (*result, string, error) {
+	var (
+		mu    sync.Mutex
+		fr    frameReader
+		frame []byte
+		out   []byte
+	)
+	sh, err := conn.Stream(ctx, helperCommand(mode, id), s.v.ws, func(chunk string) {
+		mu.Lock()
+		defer mu.Unlock()
+		if out = append(out, chunk...); len(out) > 2*terminalTail {
+			out = append(out[:0], out[len(out)-terminalTail:]...)
+		}
+		fr.feed(chunk, func(kind byte, data []byte) {
+			if kind == frameResult {
+				frame = append([]byte(nil), data...)
+			}
+		})
+	})
+	if err != nil {
+		return nil, "", err
+	}
+	select {
+	case <-sh.Done():
+	case <-ctx.Done():
+		tctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		sh.Terminate(tctx)
+		cancel()
+		return nil, "", ctx.Err()
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	tail := string(codesandbox.CleanOutput(clip(out, terminalTail)))
+	if frame != nil {
+		if res, err := decodeResult(frame, id, maxOut, s.maxEntries()); err == nil {
+			s.removeResult(conn, id)
+			return res, tail, nil
+		}
+	}
+	if _, err := sh.Exit(); err != nil {
+		return nil, tail, err // the connection dropped: see recoverResult
+	}
+	res, err := s.readResult(ctx, conn, id, maxOut)
+	if notFound(err) {
+		err = errNoResult
+	}
+	return res, tail, err
+}
+
+// readResult reads and checks run id's result file, and deletes it off
+// the run's critical path.
 func (s *Session) readResult(ctx context.Context, conn *codesandbox.Pitcher, id string, maxOut int) (*result, error) {
 	b, err := conn.ReadFile(ctx, resultPath(id))
 	if err != nil {
@@ -217,23 +267,29 @@ func (s *Session) readResult(ctx context.Context, conn *codesandbox.Pitcher, id 
 	if err != nil {
 		return nil, err
 	}
-	if err := conn.Remove(ctx, resultPath(id), false); err != nil && !notFound(err) {
-		s.b.log.Warn().Err(codesandbox.AgentError(err)).Msg("csb_result_remove_failed")
-	}
+	s.removeResult(conn, id)
 	return res, nil
+}
+
+// removeResult deletes a result file in the background.
+func (s *Session) removeResult(conn *codesandbox.Pitcher, id string) {
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if err := conn.Remove(ctx, resultPath(id), false); err != nil && !notFound(err) && !errors.Is(err, codesandbox.ErrPitcherClosed) {
+			s.b.log.Warn().Err(codesandbox.AgentError(err)).Msg("csb_result_remove_failed")
+		}
+	}()
 }
 
 // helperFailed explains a run that left no result: the helper could not
 // start (no python3 in the template) or broke.
-func (s *Session) helperFailed(err error, out *codesandbox.RunResult) error {
+func (s *Session) helperFailed(err error, tail string) error {
 	s.v.unknown()
-	tail := ""
-	if out != nil {
-		tail = cleanMessage(strings.TrimSpace(string(out.Output)))
-	}
 	s.b.log.Warn().Str("sandbox_id", s.v.id()).Str("cause", cleanMessage(err.Error())).Msg("csb_helper_failed")
-	if notFound(err) {
-		return brokererr.New(brokererr.Unavailable, "the hosted VM's helper did not run (does the runner template have python3?): %s", tail).NotRetryable()
+	if errors.Is(err, errNoResult) {
+		return brokererr.New(brokererr.Unavailable, "the hosted VM's helper did not run (does the runner template have python3?): %s",
+			cleanMessage(strings.TrimSpace(tail))).NotRetryable()
 	}
 	return brokererr.Wrap(err, brokererr.Unavailable, "the hosted VM returned an unusable result")
 }

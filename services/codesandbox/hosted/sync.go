@@ -229,15 +229,11 @@ func (s *Session) scan(ctx context.Context, conn *codesandbox.Pitcher) (*result,
 	if err := writeSpec(ctx, conn, sp); err != nil {
 		return nil, codesandbox.AgentError(err)
 	}
-	out, err := conn.Run(ctx, helperCommand("scan", id), s.v.ws, terminalTail)
-	if err != nil {
-		return nil, codesandbox.AgentError(err)
+	res, tail, err := s.runHelper(ctx, conn, "scan", id, 0)
+	if errors.Is(err, errNoResult) {
+		return nil, s.helperFailed(err, tail)
 	}
-	res, err := s.readResult(ctx, conn, id, 0)
-	if err != nil {
-		return nil, s.helperFailed(err, out)
-	}
-	return res, nil
+	return res, codesandbox.AgentError(err)
 }
 
 // clearVM empties the VM's workspace (the host's copy is pushed next).
