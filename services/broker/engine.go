@@ -5,7 +5,6 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
-	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -307,9 +306,7 @@ func (b *Broker) openProjects(ctx context.Context, cfg config.Config, agentBin s
 			return err
 		}
 		p, err = codesandbox.NewProvider(codesandbox.ProviderOptions{
-			API: codesandbox.Options{BaseURL: cfg.CSBAPIURL, APIKey: cfg.CSBAPIKey.Reveal(), HTTP: &http.Client{
-				Transport:     b.pm.instrument("codesandbox", nil),
-				CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}},
+			API:       b.csbAPI(cfg),
 			Templates: tpl,
 			Log:       b.log,
 		})

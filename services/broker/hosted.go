@@ -3,6 +3,7 @@ package broker
 import (
 	"context"
 	"errors"
+	"net/http"
 	"path/filepath"
 	"time"
 
@@ -22,7 +23,7 @@ func (b *Broker) openHosted(ctx context.Context, cfg config.Config, agentBin str
 		return nil, false, errors.New("SANDBOX_BACKEND=codesandbox needs CSB_API_KEY")
 	}
 	h, err := hosted.New(ctx, hosted.Options{
-		API:             codesandbox.Options{BaseURL: cfg.CSBAPIURL, APIKey: cfg.CSBAPIKey.Reveal()},
+		API:             b.csbAPI(cfg),
 		Template:        cfg.CSBRunnerTemplate,
 		Tier:            cfg.CSBVMTier,
 		Network:         cfg.CSBVMNetwork,
@@ -55,4 +56,13 @@ func (b *Broker) openHosted(ctx context.Context, cfg config.Config, agentBin str
 	return &sandbox.Fallback{Primary: h, Secondary: d, OnFallback: func(ref sandbox.SessionRef, err error) {
 		b.log.Warn().Str("workspace_id", ref.WorkspaceID).Str("error_code", string(brokererr.CodeOf(err))).Msg("sandbox_fallback_to_docker")
 	}}, true, nil
+}
+
+// csbAPI is the CodeSandbox client's configuration, its requests counted
+// in the upstream metrics; it follows no redirects (the bearer key stays
+// with the API's host).
+func (b *Broker) csbAPI(cfg config.Config) codesandbox.Options {
+	return codesandbox.Options{BaseURL: cfg.CSBAPIURL, APIKey: cfg.CSBAPIKey.Reveal(), HTTP: &http.Client{
+		Transport:     b.pm.instrument("codesandbox", nil),
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}}
 }

@@ -89,6 +89,11 @@ def valid_name(rel):
     return True
 
 
+# The VM's own configuration (tasks.json, the template's setup) in the
+# workspace is not the session's data: never listed, so never synced.
+VM_CONFIG = ".codesandbox"
+
+
 def manifest(ws, cap):
     """Regular files under ws: rel -> [size, mtime_ns, ino]; other entries."""
     files, other, seen, truncated = {}, set(), 0, False
@@ -106,6 +111,8 @@ def manifest(ws, cap):
                     truncated = True
                     break
                 p = e.name if not rel else rel + "/" + e.name
+                if p == VM_CONFIG:
+                    continue
                 try:
                     st = e.stat(follow_symlinks=False)
                 except OSError:

@@ -434,3 +434,23 @@ func TestReconcileAfterRestart(t *testing.T) {
 		t.Fatalf("host files %+v", l)
 	}
 }
+
+// TestTemplateWorkspace: a new VM's workspace is the session's, but the
+// template's own configuration (.codesandbox, its setup tasks) stays in
+// the VM and never reaches the host.
+func TestTemplateWorkspace(t *testing.T) {
+	e := newEnv(t, nil)
+	e.fake.AddTemplate("tplfiles", map[string][]byte{"README.md": []byte("template"), ".codesandbox/tasks.json": []byte(`{"setupTasks":[]}`)}, 0)
+	e.b.o.Template = "tplfiles"
+	s := e.open(wid1, "alice")
+	if err := s.WriteFile(ctx(t), ".codesandbox/tasks.json", []byte("from the host"), false); err != nil {
+		t.Fatal(err)
+	}
+	r := run(t, s, "bash", "ls -A; cat .codesandbox/tasks.json; echo > .codesandbox/new")
+	if string(r.Stdout) != ".codesandbox\n{\"setupTasks\":[]}" || len(r.Changed) != 0 {
+		t.Fatalf("VM workspace %q, changed %+v", r.Stdout, r.Changed)
+	}
+	if b, _ := os.ReadFile(filepath.Join(e.dir(wid1), ".codesandbox", "tasks.json")); string(b) != "from the host" {
+		t.Fatalf("host copy %q", b)
+	}
+}

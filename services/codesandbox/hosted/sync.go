@@ -62,7 +62,7 @@ func (s *Session) push(ctx context.Context, conn *codesandbox.Pitcher, w *worksp
 // and has made the VM match base.
 func (s *Session) pushAll(ctx context.Context, conn *codesandbox.Pitcher, w *workspace.Workspace, notes *[]string) error {
 	v := s.v
-	now, err := w.Snapshot()
+	now, err := hostFiles(w)
 	if err != nil {
 		return err
 	}
@@ -143,7 +143,7 @@ func (s *Session) reconcile(ctx context.Context, conn *codesandbox.Pitcher, w *w
 		v.known = true
 		return s.pushAll(ctx, conn, w, notes)
 	}
-	host, err := w.Snapshot()
+	host, err := hostFiles(w)
 	if err != nil {
 		return err
 	}
@@ -199,7 +199,7 @@ func (s *Session) reconcile(ctx context.Context, conn *codesandbox.Pitcher, w *w
 		}
 	}
 	if v.known {
-		if v.base, err = w.Snapshot(); err != nil {
+		if v.base, err = hostFiles(w); err != nil {
 			v.known = false
 			return err
 		}
@@ -236,14 +236,31 @@ func (s *Session) scan(ctx context.Context, conn *codesandbox.Pitcher) (*result,
 	return res, codesandbox.AgentError(err)
 }
 
-// clearVM empties the VM's workspace (the host's copy is pushed next).
+// vmConfig is the VM's own configuration in its workspace (the runner
+// template's setup tasks): never synced or cleared (helper.py VM_CONFIG).
+const vmConfig = ".codesandbox"
+
+// hostFiles snapshots the host workspace's files that sync (all but a
+// vmConfig directory, which stays on the host).
+func hostFiles(w *workspace.Workspace) (map[string]workspace.FileStamp, error) {
+	snap, err := w.Snapshot()
+	for p := range snap {
+		if p == vmConfig || strings.HasPrefix(p, vmConfig+"/") {
+			delete(snap, p)
+		}
+	}
+	return snap, err
+}
+
+// clearVM empties the VM's workspace but for its configuration (the
+// host's copy is pushed next).
 func (s *Session) clearVM(ctx context.Context, conn *codesandbox.Pitcher) error {
 	ents, err := conn.ReadDir(ctx, s.v.ws)
 	if err != nil {
 		return codesandbox.AgentError(err)
 	}
 	for _, e := range ents {
-		if e.Name == "" || e.Name == "." || e.Name == ".." || strings.Contains(e.Name, "/") {
+		if e.Name == "" || e.Name == "." || e.Name == ".." || e.Name == vmConfig || strings.Contains(e.Name, "/") {
 			continue
 		}
 		if err := conn.Remove(ctx, s.v.vmPath(e.Name), true); err != nil && !notFound(err) {
