@@ -193,6 +193,7 @@ def spawn(spec, argv, stdin):
     env = dict(os.environ)
     env.update(spec.get("env") or {})
     env.setdefault("LANG", "C.UTF-8")
+    env.setdefault("MPLBACKEND", "Agg")  # no display in a VM
     if which(argv[0], env.get("PATH")) is None:
         raise RuntimeError("%s is not installed in the VM (the runner template must provide it)" % argv[0])
     deny = spec.get("network") != "allow"
