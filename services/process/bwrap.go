@@ -66,8 +66,9 @@ func writeEtc(dir string) (string, error) {
 // into /usr; on other hosts the real directory is bound read-only.
 var usrLinks = []string{"bin", "sbin", "lib", "lib32", "lib64", "libx32"}
 
-// bwrapArgs is the complete sandbox: new user (uid/gid 1000 inside), pid,
-// ipc, uts, net and cgroup namespaces; no capabilities; a read-only root
+// bwrapArgs is the complete sandbox: new user (uid/gid 1000 inside, no
+// further user namespaces), pid, ipc, uts, net and cgroup namespaces; no
+// capabilities; a read-only root
 // (r's runner file system, or an empty one with the host's /usr), the
 // synthetic /etc files, /proc, /dev, size-bounded /tmp and /dev/shm, and
 // exactly three paths of the broker's: the workspace (rw), the run dir
@@ -76,6 +77,10 @@ var usrLinks = []string{"bin", "sbin", "lib", "lib32", "lib64", "libx32"}
 func (b *Backend) bwrapArgs(r *runner, workspaceDir, runDir string, command []string) []string {
 	a := []string{
 		"--unshare-user", "--uid", strconv.Itoa(SandboxUID), "--gid", strconv.Itoa(SandboxGID),
+		// No nested user namespace: in one, code would hold every
+		// capability again (a net namespace's nf_tables, mounts), the
+		// kernel surface Docker's seccomp profile keeps closed.
+		"--disable-userns",
 		"--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-net", "--unshare-cgroup-try",
 		"--hostname", "sandbox",
 		"--die-with-parent", "--new-session", "--cap-drop", "ALL",

@@ -182,6 +182,26 @@ func TestCredentialsInEveryRunner(t *testing.T) {
 	})
 }
 
+// TestNoNestedUserNamespaces: code cannot make a user namespace of its own
+// (and so regain capabilities in it), on both roots.
+func TestNoNestedUserNamespaces(t *testing.T) {
+	eachRoot(t, nil, func(t *testing.T, b *Backend) {
+		s := open(t, b)
+		res := exec1(t, s, "python", `import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+for name, flag in (("user", 0x10000000), ("user+net", 0x10000000 | 0x40000000)):
+    rc = libc.unshare(flag)
+    print(name, rc, os.strerror(ctypes.get_errno()) if rc else "UNSHARED")`, 20*time.Second)
+		if want := "user -1 No space left on device\nuser+net -1 No space left on device\n"; string(res.Stdout) != want {
+			t.Fatalf("unshare: %q %q, want %q", res.Stdout, res.Stderr, want)
+		}
+		res = exec1(t, s, "bash", "unshare -Urn id 2>&1; echo rc=$?", 20*time.Second)
+		if string(res.Stdout) != "unshare: unshare failed: No space left on device\nrc=1\n" {
+			t.Fatalf("unshare -Urn: %q %q", res.Stdout, res.Stderr)
+		}
+	})
+}
+
 // TestStrayDescriptorNeverReachesSandbox: the launch chain (wrapper,
 // prlimit, bwrap) passes on whatever the broker holds without
 // close-on-exec; the agent closes all of it before any code runs, so a
@@ -633,7 +653,7 @@ func TestBwrapArgsBindOnlyWhatTheyShould(t *testing.T) {
 			i = len(args)
 		}
 	}
-	for _, f := range []string{"--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-net",
+	for _, f := range []string{"--unshare-user", "--disable-userns", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-net",
 		"--unshare-cgroup-try", "--die-with-parent", "--new-session", "--clearenv", "--cap-drop", "--remount-ro"} {
 		if !flags[f] {
 			t.Errorf("missing %s", f)
