@@ -110,10 +110,7 @@ var runDir = regexp.MustCompile(`/tmp/run-[0-9]+-[0-9]+`)
 // the images Docker has now, and every probe prints the same on both (the
 // pandas and Python versions line first among them).
 func TestRunnersSameOnBothBackends(t *testing.T) {
-	requireDocker(t)
-	requireBwrap(t)
-	docker := StartHTTP(t, BrokerOpts{Token: testToken, Env: map[string]string{"SANDBOX_BACKEND": "docker", "SANDBOX_POOL_SIZE": "0"}})
-	proc := StartHTTP(t, BrokerOpts{Root: rootfsRoot(t), Token: testToken, Env: map[string]string{"SANDBOX_BACKEND": "process"}})
+	docker, proc := startBackend(t, "docker", BrokerOpts{}), startBackend(t, "process_rootfs", BrokerOpts{})
 	dc, pc := docker.Client(t, testToken), proc.Client(t, testToken)
 
 	dl, pl := listRunners(t, dc), listRunners(t, pc)
@@ -171,14 +168,7 @@ func TestRunnersSameOnBothBackends(t *testing.T) {
 func TestRunnersEndToEnd(t *testing.T) {
 	for _, backend := range []string{"docker", "process_rootfs"} {
 		t.Run(backend, func(t *testing.T) {
-			o := BrokerOpts{Token: testToken, Env: map[string]string{"SANDBOX_BACKEND": "docker", "SANDBOX_POOL_SIZE": "0"}}
-			if backend == "docker" {
-				requireDocker(t)
-			} else {
-				requireBwrap(t)
-				o.Root, o.Env["SANDBOX_BACKEND"] = rootfsRoot(t), "process"
-			}
-			c := StartHTTP(t, o).Client(t, testToken)
+			c := startBackend(t, backend, BrokerOpts{}).Client(t, testToken)
 
 			r, res := run(t, c, map[string]any{"language": "python", "code": `import pandas as pd, matplotlib.pyplot as plt
 df = pd.DataFrame({"x": range(10), "y": [v * v for v in range(10)]})
