@@ -426,6 +426,9 @@ type ctr struct {
 	// kernelSID is the host session ID of its notebook kernel (see
 	// agent.Strays); guarded by the owning session's mu.
 	kernelSID int
+	// known is what the last stray check read (under runc; see
+	// sessionsBefore), guarded by the owning session's mu.
+	known agent.SessionCache
 }
 
 // markDied records that the container is dead.
@@ -719,23 +722,33 @@ func (e *Engine) oomKills(c *ctr) int64 {
 // Threads, not processes: cgroup.procs omits a process whose leader thread
 // exited while its other threads run on.
 func (e *Engine) sessions(c *ctr) map[int][]int {
+	tids := e.tasks(c)
+	if tids == nil {
+		return nil
+	}
+	out := make(map[int][]int, len(tids))
+	for _, tid := range tids {
+		if sid, ok := liveSessionID(tid); ok {
+			out[sid] = append(out[sid], tid)
+		}
+	}
+	return out
+}
+
+// tasks lists the host thread IDs in the container's pids cgroup (nil when
+// it cannot be read): one file read.
+func (e *Engine) tasks(c *ctr) []int {
 	b, err := os.ReadFile(filepath.Join(cgroupRoot, "pids", "docker", c.dockerID, "tasks"))
 	if err != nil {
 		return nil
 	}
-	var pids []int
+	tids := []int{}
 	for _, f := range strings.Fields(string(b)) {
 		if tid, err := strconv.Atoi(f); err == nil {
-			pids = append(pids, tid)
+			tids = append(tids, tid)
 		}
 	}
-	out := make(map[int][]int, len(pids))
-	for _, pid := range pids {
-		if sid, ok := liveSessionID(pid); ok {
-			out[sid] = append(out[sid], pid)
-		}
-	}
-	return out
+	return tids
 }
 
 // liveSessionID reads the session field of /proc/<tid>/stat (any thread ID

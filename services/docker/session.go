@@ -302,9 +302,14 @@ func (e *Engine) lostToOOM(ctx context.Context, c *ctr, before int64) bool {
 
 // sessionsBefore returns the sessions in c before a run. Under gVisor it
 // is the set the last check found (after the previous run, or when the
-// container started), which saves a round trip to the sandbox per run.
+// container started), which saves a round trip to the sandbox per run;
+// under runc, one read of the cgroup's threads with what the last check
+// read (see agent.SessionCache), or a full read the first time.
 func (e *Engine) sessionsBefore(c *ctr) map[int][]int {
 	if e.o.Runtime != RuntimeRunsc {
+		if before := c.known.Before(e.tasks(c), liveSessionID); before != nil {
+			return before
+		}
 		return e.sessions(c)
 	}
 	if c.sessions == nil {
@@ -336,6 +341,7 @@ func (e *Engine) hasStrays(c *ctr, before map[int][]int, kernel *sandbox.KernelS
 			return false // cannot tell (no cgroup v1 pids controller visible)
 		}
 		after = e.sessions(c)
+		c.known.Record(after)
 	}
 	started := kernel != nil && kernel.Started && kernel.Ended == ""
 	stray, sid := agent.Strays(before, after, c.kernelSID, started)
