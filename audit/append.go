@@ -13,7 +13,7 @@ import (
 // durable (fsynced) when Append returns; an outcome row is committed: it
 // is visible to readers and survives the broker's crash at once, and a
 // power loss once the next intent row, the next checkpoint or SyncDelay
-// has synced the log (see the writer). Any error means the row must be
+// has synced the log (see syncer). Any error means the row must be
 // treated as not written and the caller should refuse the action. If the
 // row was written but the checkpoint its batch triggered failed, Append
 // returns the seq and the checkpoint error.
@@ -70,8 +70,11 @@ type row struct {
 	mac  []byte
 }
 
-// writeBatch appends batch in one transaction: synchronous=FULL (one
-// fsync) when it holds an intent row, NORMAL otherwise. Caller holds sem.
+// writeBatch appends batch in one transaction, committed without an
+// fsync (synchronous=NORMAL): its outcome rows' callers return at once,
+// its intent rows' once the syncer has fsynced the WAL, while the writer
+// goes on with the next batch. A batch that reaches CheckpointEvery waits
+// for the checkpoint (which syncs first). Caller holds sem.
 func (l *Log) writeBatch(batch []*pending) {
 	var live []*pending
 	for _, p := range batch {
@@ -84,17 +87,22 @@ func (l *Log) writeBatch(batch []*pending) {
 	if len(live) == 0 {
 		return
 	}
+	failed := l.wal.failed() // rows after a failed fsync could be lost with it
 	if l.closed {
+		failed = ErrClosed
+	}
+	if failed != nil {
 		for _, p := range live {
-			p.finish(0, ErrClosed)
+			p.finish(0, failed)
 		}
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), batchTimeout)
-	defer cancel()
-	rows, durable, err := l.chain(live)
+	// No deadline: the driver would watch it with a goroutine per
+	// statement, and a deadline cannot cut a write the disk holds up.
+	ctx := context.Background()
+	rows, err := l.chain(live)
 	if err == nil {
-		err = l.insert(ctx, rows, durable)
+		err = l.insert(ctx, rows)
 	}
 	if err != nil {
 		// Resynchronise in case the commit outcome is unknown; the chain
@@ -110,22 +118,30 @@ func (l *Log) writeBatch(batch []*pending) {
 	l.batches++
 	last := rows[len(rows)-1]
 	l.lastSeq, l.lastMAC, l.lastTS = last.seq, last.mac, last.at
-	l.unsynced = !durable
-	var cpErr error
 	if l.lastSeq-l.cpSize >= int64(l.opts.CheckpointEvery) {
-		cpErr = l.checkpointLocked(ctx)
+		l.wal.commit(last.seq, nil)
+		err := l.checkpointLocked(ctx) // syncs first
+		for _, r := range rows {
+			r.p.finish(r.seq, err)
+		}
+		return
 	}
+	var intents []row
 	for _, r := range rows {
-		r.p.finish(r.seq, cpErr)
+		if r.p.rec.Phase == PhaseIntent {
+			intents = append(intents, r)
+		} else {
+			r.p.finish(r.seq, nil)
+		}
 	}
+	l.wal.commit(last.seq, intents)
 }
 
 // chain gives each record its seq, timestamp, leaf and MAC after the
-// current tail, and says whether any of them must be durable.
-func (l *Log) chain(batch []*pending) ([]row, bool, error) {
+// current tail.
+func (l *Log) chain(batch []*pending) ([]row, error) {
 	rows := make([]row, len(batch))
 	seq, prev, last := l.lastSeq, l.lastMAC, l.lastTS
-	durable := false
 	for i, p := range batch {
 		// Timestamps never go backwards, so Verify can check order.
 		now := l.opts.Now().UTC()
@@ -136,27 +152,23 @@ func (l *Log) chain(batch []*pending) ([]row, bool, error) {
 		ts := now.Format(time.RFC3339Nano)
 		body, err := bodyFor(bodyVersion, seq, ts, l.opts.Keys.KeyID, p.rec)
 		if err != nil {
-			return nil, false, fmt.Errorf("audit: encode row: %w", err)
+			return nil, fmt.Errorf("audit: encode row: %w", err)
 		}
 		b, err := marshalBody(body)
 		if err != nil {
-			return nil, false, fmt.Errorf("audit: encode row: %w", err)
+			return nil, fmt.Errorf("audit: encode row: %w", err)
 		}
 		leaf := leafHash(b)
 		mac := computeMAC(l.opts.Keys.HMACKey, seq, prev, leaf)
 		rows[i] = row{p: p, seq: seq, ts: ts, at: now, leaf: leaf, mac: mac}
 		prev, last = mac, now
-		durable = durable || p.rec.Phase == PhaseIntent
 	}
-	return rows, durable, nil
+	return rows, nil
 }
 
 // insert writes rows and their tree hashes in one transaction with the
 // prepared statements.
-func (l *Log) insert(ctx context.Context, rows []row, durable bool) error {
-	if err := l.setSync(ctx, durable); err != nil {
-		return err
-	}
+func (l *Log) insert(ctx context.Context, rows []row) error {
 	tx, err := l.db.BeginTx(ctx, nil)
 	if err != nil {
 		return fmt.Errorf("audit: begin: %w", err)
@@ -191,40 +203,6 @@ func (l *Log) insert(ctx context.Context, rows []row, durable bool) error {
 	return nil
 }
 
-// setSync makes the next commit fsync (FULL) or not (NORMAL). The
-// connection opens with FULL; a connection database/sql replaced starts
-// with FULL again, so a durable batch never commits with NORMAL.
-func (l *Log) setSync(ctx context.Context, full bool) error {
-	if full == l.syncFull {
-		return nil
-	}
-	// Not a prepared statement: SQLite applies this pragma when it
-	// compiles it.
-	q := "PRAGMA synchronous = NORMAL"
-	if full {
-		q = "PRAGMA synchronous = FULL"
-	}
-	if _, err := l.db.ExecContext(ctx, q); err != nil {
-		return fmt.Errorf("audit: set synchronous: %w", err)
-	}
-	l.syncFull = full
-	return nil
-}
-
-// syncLocked makes every committed row durable: rows committed with
-// NORMAL sit in the WAL file, which one fsync of it settles. Caller holds
-// sem.
-func (l *Log) syncLocked() error {
-	if !l.unsynced {
-		return nil
-	}
-	if err := syncFile(l.opts.Path + "-wal"); err != nil {
-		return fmt.Errorf("audit: sync: %w", err)
-	}
-	l.unsynced = false
-	return nil
-}
-
 // Checkpoint signs the current tree head and appends it to the checkpoint
 // file. It is a no-op when no row was added since the last checkpoint.
 func (l *Log) Checkpoint(ctx context.Context) error {
@@ -249,7 +227,7 @@ func (l *Log) writeCheckpoint(ctx context.Context) error {
 		return nil
 	}
 	// A checkpoint never claims rows that are not yet durable.
-	if err := l.syncLocked(); err != nil {
+	if err := l.wal.now(); err != nil {
 		return err
 	}
 	root, err := tlog.TreeHash(n, hashReader{ctx: ctx, stmt: l.stmts.readHash})
@@ -269,7 +247,7 @@ func (l *Log) writeCheckpoint(ctx context.Context) error {
 
 // Ping reports whether the log can still be written: it fails when the log
 // is closed, the database is unreachable, its tail is not the one this Log
-// wrote, or the last checkpoint failed.
+// wrote, the last checkpoint failed, or an fsync of the log failed.
 func (l *Log) Ping(ctx context.Context) error {
 	if err := l.lock(ctx); err != nil {
 		return err
@@ -285,7 +263,7 @@ func (l *Log) Ping(ctx context.Context) error {
 	if last != l.lastSeq {
 		return fmt.Errorf("%w: last seq is %d, expected %d", ErrIntegrity, last, l.lastSeq)
 	}
-	return l.cpErr
+	return errors.Join(l.cpErr, l.wal.failed())
 }
 
 // Close writes the rows already handed to the writer, a final checkpoint,
@@ -294,6 +272,7 @@ func (l *Log) Close() error {
 	l.stopOnce.Do(func() { close(l.stop) })
 	<-l.done
 	<-l.writerDone
+	l.wal.close()
 	l.sem <- struct{}{}
 	defer l.unlock()
 	if l.closed {

@@ -307,3 +307,41 @@ func TestSIGKILLAfterAppendsReturn(t *testing.T) {
 		t.Logf("round %d: %d rows had returned, %d in the log", round, len(returned), rep.Rows)
 	}
 }
+
+// TestSyncFailureRefusesRows: when the WAL cannot be fsynced (here it was
+// deleted under the log, so it cannot even be opened), the intent row
+// waiting for that fsync is refused, every later row is refused without
+// being written (a later fsync could not vouch for pages the failed one
+// lost), and Ping reports it.
+func TestSyncFailureRefusesRows(t *testing.T) {
+	ctx := context.Background()
+	f := newFixture(t)
+	l := f.open(t)
+	defer l.Close()
+	fill(t, l, 2)
+	if err := os.Remove(f.opts.Path + "-wal"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.Append(ctx, testRecord(2)); err == nil {
+		t.Fatal("an intent row was acknowledged although its fsync failed")
+	}
+	if err := l.Ping(ctx); err == nil {
+		t.Fatal("Ping is healthy after a failed fsync")
+	}
+	l.sem <- struct{}{}
+	last := l.lastSeq
+	l.unlock()
+	for i := range 3 {
+		r := testRecord(3 + i)
+		r.Phase = PhaseOutcome
+		if _, err := l.Append(ctx, r); err == nil {
+			t.Fatal("a row was acknowledged after a failed fsync")
+		}
+	}
+	l.sem <- struct{}{}
+	after := l.lastSeq
+	l.unlock()
+	if after != last {
+		t.Fatalf("rows after the failed fsync were written: last seq %d, was %d", after, last)
+	}
+}

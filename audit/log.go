@@ -36,7 +36,7 @@ type Options struct {
 	Now       func() time.Time
 
 	// Test hooks: replace the ticker and observe each timed checkpoint,
-	// and each sync SyncDelay after a batch that was not synced.
+	// and each sync SyncDelay after rows no intent row synced.
 	tick     <-chan time.Time
 	tickDone chan<- error
 	syncDone chan<- error
@@ -53,19 +53,20 @@ type Log struct {
 	queue      chan *pending
 	writerDone chan struct{}
 
+	// wal makes committed rows durable (see syncer).
+	wal *syncer
+
 	// sem serialises the writer, checkpoints and Close; a channel so
 	// waiting honours ctx.
 	sem chan struct{}
 	// Guarded by sem.
-	closed   bool
-	lastSeq  int64
-	lastMAC  []byte
-	lastTS   time.Time
-	cpSize   int64
-	cpErr    error // last checkpoint or sync failure, surfaced by Ping
-	unsynced bool  // rows were committed without an fsync since the last one
-	syncFull bool  // the connection's synchronous setting is FULL
-	batches  int64 // transactions committed
+	closed  bool
+	lastSeq int64
+	lastMAC []byte
+	lastTS  time.Time
+	cpSize  int64
+	cpErr   error // last checkpoint failure, surfaced by Ping
+	batches int64 // transactions committed
 
 	stopOnce sync.Once
 	stop     chan struct{}
@@ -119,7 +120,7 @@ func Open(ctx context.Context, opts Options) (*Log, error) {
 		return nil, err
 	}
 	l := &Log{db: db, stmts: stmts, opts: opts, queue: make(chan *pending), writerDone: make(chan struct{}),
-		sem: make(chan struct{}, 1), syncFull: true, stop: make(chan struct{}), done: make(chan struct{})}
+		sem: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
 	fail := func(err error) (*Log, error) {
 		return nil, errors.Join(err, stmts.close(), db.Close())
 	}
@@ -132,6 +133,7 @@ func Open(ctx context.Context, opts Options) (*Log, error) {
 		}
 		l.cpSize = cps[len(cps)-1].Size
 	}
+	l.wal = startSyncer(opts.Path+"-wal", l.lastSeq, opts.SyncDelay, opts.syncDone)
 	l.startTimer()
 	l.startWriter()
 	return l, nil

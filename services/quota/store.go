@@ -179,6 +179,13 @@ func (w *write) then(f func()) { w.apply = append(w.apply, f) }
 func (s *Store) writeTx(ctx context.Context, fn func(w *write) error) error {
 	s.wmu.Lock()
 	defer s.wmu.Unlock()
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	// Once begun it runs to the end: waiting for another process's lock
+	// is bounded by busy_timeout, and a ctx the driver could cancel costs
+	// a goroutine per statement.
+	ctx = context.WithoutCancel(ctx)
 	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
 		return fmt.Errorf("quota: begin: %w", err)
