@@ -32,7 +32,7 @@ func (c *SessionCache) Record(after map[int][]int) {
 // remember; read reports the session of a live ID, ok false for one that
 // has gone or runs no code again. It returns nil when nothing is
 // remembered yet (the caller then reads /proc in full).
-func (c *SessionCache) Before(ids []int, read func(id int) (sid int, ok bool)) map[int][]int {
+func (c *SessionCache) Before(ids []int, read func(id int) (sid int, ok bool)) Sessions {
 	if c.sid == nil || ids == nil {
 		return nil
 	}
@@ -40,7 +40,7 @@ func (c *SessionCache) Before(ids []int, read func(id int) (sid int, ok bool)) m
 	for _, id := range ids {
 		present[id] = true
 	}
-	out := map[int][]int{}
+	out := Sessions{}
 	for _, id := range ids {
 		sid, ok := c.sid[id]
 		if !ok || !present[sid] {

@@ -302,6 +302,14 @@ func (m *Manager) attach(ctx context.Context, principal, wid string) (*live, err
 	return l, nil
 }
 
+// Active counts the sessions with a live sandbox (attached and not yet
+// released as idle), for the active-sessions gauge.
+func (m *Manager) Active() int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return len(m.live)
+}
+
 // touch marks the session used now, in memory and in the table; the
 // table keeps whole seconds, so a second call within the same second
 // writes nothing.
