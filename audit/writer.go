@@ -8,6 +8,8 @@ import (
 	"sync"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/sandbox-broker/sandbox-broker/services/statedb"
 )
 
@@ -212,14 +214,16 @@ func (s *syncer) close() {
 	<-s.exited
 }
 
-// syncFile fsyncs the file at path (SQLite holds no lock on the WAL file
-// that closing another descriptor of it could drop).
+// syncFile makes the file at path durable with fdatasync, as SQLite syncs
+// its WAL: the data and what reading it back needs (its size), not its
+// times. SQLite holds no lock on the WAL file that closing another
+// descriptor of it could drop.
 func syncFile(path string) error {
 	f, err := os.Open(path)
 	if err != nil {
 		return err
 	}
-	err = f.Sync()
+	err = unix.Fdatasync(int(f.Fd()))
 	if cerr := f.Close(); err == nil {
 		err = cerr
 	}
