@@ -14,8 +14,8 @@ import (
 // BenchmarkUsageThroughput measures get_usage calls per second from 8
 // concurrent MCP HTTP clients (the whole tool-call path: identity, rate
 // limit, quota view, two audit rows), interleaved with the same clients'
-// MCP pings through the same broker (transport and authentication only)
-// as the same-run baseline. Each iteration is one round of each.
+// resources/templates/list requests to the same broker (transport and
+// authentication, no tool path) as the same-run baseline. Each iteration is one round of each.
 // Run: go test -run '^$' -bench BenchmarkUsageThroughput -benchtime 40x ./tests/
 func BenchmarkUsageThroughput(b *testing.B) {
 	const clients, perRound = 8, 50
@@ -35,10 +35,13 @@ func BenchmarkUsageThroughput(b *testing.B) {
 		}
 		return err
 	}
-	ping := func(c *client.Client) error {
+	// The baseline: a request with a small answer that skips the tool
+	// path (no audit row, no quota).
+	templates := func(c *client.Client) error {
 		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 		defer cancel()
-		return c.Ping(ctx)
+		_, err := c.ListResourceTemplates(ctx, mcp.ListResourceTemplatesRequest{})
+		return err
 	}
 	// round runs perRound calls on every client at once and returns the
 	// wall time.
@@ -65,16 +68,18 @@ func BenchmarkUsageThroughput(b *testing.B) {
 		return d
 	}
 	round(usage) // warm: connections, the principal's quota view
-	var usageT, pingT time.Duration
+	var usageT, baseT time.Duration
 	for i := 0; i < b.N; i++ { // interleaved: the machine's noise hits both alike
 		usageT += round(usage)
-		pingT += round(ping)
+		baseT += round(templates)
 	}
 	calls := float64(b.N * clients * perRound)
-	u, p := calls/usageT.Seconds(), calls/pingT.Seconds()
+	u, p := calls/usageT.Seconds(), calls/baseT.Seconds()
 	b.ReportMetric(u, "get_usage-calls/s")
-	b.ReportMetric(p, "baseline_ping-calls/s")
+	b.ReportMetric(p, "baseline_templates_list-calls/s")
 	b.ReportMetric(0, "ns/op")
-	fmt.Printf("target: get_usage with %d clients %.0f calls/s (target >= 2000) vs MCP ping through the same broker %.0f calls/s (%.2fx of the transport's floor)\n",
-		clients, u, p, u/p)
+	if b.N > 1 { // the figures, not the 1-iteration probe
+		fmt.Printf("target: get_usage with %d clients %.0f calls/s (target >= 2000) vs resources/templates/list through the same broker %.0f calls/s (%.2fx the baseline)\n",
+			clients, u, p, u/p)
+	}
 }
