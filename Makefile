@@ -36,7 +36,8 @@ fuzz-smoke:
 
 # Package micro-benchmarks, then the end-to-end engine figures (p50/p95
 # through MCP HTTP, with docker-run, fresh-interpreter and bare Jupyter
-# kernel baselines, and get_usage calls/s from 8 clients beside MCP pings),
+# kernel baselines, and get_usage calls/s from 8 clients beside
+# resources/templates/list),
 # then signed download/upload throughput (MB/s beside
 # http.FileServer).
 bench:
