@@ -100,17 +100,18 @@ func decodeResponse(data []byte) (Response, error) {
 	return resp, nil
 }
 
-// Ping asks the agent for a cheap liveness answer; ready reports whether
-// its Python zygote is warm.
-func Ping(ctx context.Context, socketPath string) (zygoteReady bool, err error) {
-	resp, err := Run(ctx, socketPath, Request{Language: PingLanguage})
+// Ping asks the agent for a cheap liveness answer; warm reports whether
+// the runtime of its language is ready (its Python zygote, say). With
+// start set it also asks the agent to start that runtime.
+func Ping(ctx context.Context, socketPath string, start bool) (warm bool, err error) {
+	resp, err := Run(ctx, socketPath, Request{Language: PingLanguage, Warm: start})
 	if err != nil {
 		return false, err
 	}
 	if resp.Error != "" {
 		return false, fmt.Errorf("agent: ping: %s", resp.Error)
 	}
-	return resp.Zygote, nil
+	return resp.Warm, nil
 }
 
 // WaitReady pings the agent until it answers, with a short backoff (1 ms
@@ -119,8 +120,8 @@ func WaitReady(ctx context.Context, socketPath string) error {
 	return waitPing(ctx, socketPath, false)
 }
 
-// WaitWarm is WaitReady that also waits for the agent's Python zygote to
-// be preloaded: a run's stray check needs the zygote in place first.
+// WaitWarm is WaitReady that also asks for the runtime of the agent's
+// language (see Request.Warm) and waits until it is ready.
 func WaitWarm(ctx context.Context, socketPath string) error {
 	return waitPing(ctx, socketPath, true)
 }
@@ -129,9 +130,9 @@ func waitPing(ctx context.Context, socketPath string, warm bool) error {
 	backoff := time.Millisecond
 	for {
 		pctx, cancel := context.WithTimeout(ctx, time.Second)
-		zygote, err := Ping(pctx, socketPath)
+		ready, err := Ping(pctx, socketPath, warm)
 		cancel()
-		if err == nil && (zygote || !warm) {
+		if err == nil && (ready || !warm) {
 			return nil
 		}
 		t := time.NewTimer(backoff)
@@ -139,7 +140,7 @@ func waitPing(ctx context.Context, socketPath string, warm bool) error {
 		case <-ctx.Done():
 			t.Stop()
 			if err == nil {
-				return fmt.Errorf("agent: zygote not warm: %w", ctx.Err())
+				return fmt.Errorf("agent: runtime not warm: %w", ctx.Err())
 			}
 			return fmt.Errorf("agent: not ready: %w (last error: %v)", ctx.Err(), err)
 		case <-t.C:

@@ -1,12 +1,13 @@
 # sandbox-broker agent: Python zygote.
 #
 # Started by the agent as `python3 -c <this file>` with a SOCK_SEQPACKET
-# socket on fd 3. Imports the heavy modules once, then keeps one forked
-# spare child idle (in the zygote's session, signals blocked, non-dumpable)
+# socket on fd 3, in the agent's session (services/agent/infra.go). Imports
+# the heavy modules once, then keeps one forked spare child idle (in that
+# session, signals blocked, non-dumpable)
 # and hands each request to it, forking the next spare off the critical
 # path: right after a short run's status, or while a longer run (over
 # SPARE_DELAY_MS) is still going. The agent's sweep spares a zygote's
-# children that are still in its session (see sweep.go). Messages are
+# children that are still in the agent's session (see sweep.go). Messages are
 # single JSON objects, one per packet:
 #
 #   zygote -> agent  {"ready": true, "pid": N, "preloaded": [...]}
@@ -143,7 +144,7 @@ def _spare(chan, zygote_pid):
     try:
         os.setsid()
     except OSError:
-        os._exit(0)  # must not stay in the zygote's session
+        os._exit(0)  # must not stay in the agent's session
     _prctl(1, 0)  # the run outlives a dying zygote
     try:
         chan.send(b"ok")
