@@ -126,6 +126,28 @@ func WaitWarm(ctx context.Context, socketPath string) error {
 	return waitPing(ctx, socketPath, true)
 }
 
+// WarmTimeout bounds one warm-up (the Python data stack's preload).
+const WarmTimeout = 2 * time.Minute
+
+// WarmInTurn waits for a turn in w, then, unless skip says the sandbox
+// wants it no more, has the agent at socketPath warm its language runtime
+// and waits (at most WarmTimeout) until it is ready. It returns nil when
+// skipped.
+func WarmInTurn(ctx context.Context, w *sandbox.Warmups, socketPath string, skip func() bool) error {
+	var err error
+	if werr := w.Run(ctx, func(ctx context.Context) {
+		if skip() {
+			return
+		}
+		wctx, cancel := context.WithTimeout(ctx, WarmTimeout)
+		defer cancel()
+		err = WaitWarm(wctx, socketPath)
+	}); werr != nil {
+		return werr
+	}
+	return err
+}
+
 func waitPing(ctx context.Context, socketPath string, warm bool) error {
 	backoff := time.Millisecond
 	for {

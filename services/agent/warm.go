@@ -16,6 +16,11 @@ import (
 // sandbox, its files and a notebook kernel stay); the next warm, or the
 // next TypeScript or JavaScript run, starts them again.
 
+// HasRuntime says whether an agent of lang keeps a runtime to warm up.
+func HasRuntime(lang string) bool {
+	return lang == LangPython || lang == LangTypeScript || lang == LangJavaScript
+}
+
 // warm starts the runtime of the agent's language unless it is up or
 // starting.
 func (s *Server) warm() {

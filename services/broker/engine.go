@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"time"
 
@@ -69,6 +70,9 @@ func (b *Broker) openEngine(ctx context.Context, cfg config.Config) error {
 		return fmt.Errorf("SANDBOX_UID/SANDBOX_UIDS: %w", err)
 	}
 	b.slots = sandbox.NewSlots(cfg.MaxContainers)
+	// Preloads (a CPU-second each) yield to sandbox starts and use at most
+	// half the CPUs.
+	b.warmups = sandbox.NewWarmups(runtime.NumCPU()/2, 500*time.Millisecond)
 	eng, dockerOK, err := b.openBackend(ctx, cfg, agentBin)
 	if err != nil {
 		b.log.Error().Str("backend", cfg.Backend).Str("cause", causeText(b.redactor, err, 300)).Msg("sandbox_backend_unavailable")
@@ -152,6 +156,8 @@ func (b *Broker) openBackend(ctx context.Context, cfg config.Config, agentBin st
 			UIDs:        b.uids,
 			Slots:       b.slots,
 			IdleTimeout: time.Duration(cfg.IdleTimeoutMS) * time.Millisecond,
+			IdleRelease: time.Duration(cfg.IdleReleaseMS) * time.Millisecond,
+			Warmups:     b.warmups,
 			Log:         b.log, // the engine names its component
 			WorkspaceLimits: workspace.Limits{MaxFiles: cfg.MaxFiles, MaxBytes: cfg.MaxWorkspaceMB << 20,
 				MaxFileBytes: min(cfg.MaxWorkspaceMB<<20, 64<<20)},
@@ -172,6 +178,8 @@ func (b *Broker) openBackend(ctx context.Context, cfg config.Config, agentBin st
 		MemoryBytes: cfg.MemoryMB << 20,
 		PidsLimit:   cfg.PidsLimit,
 		CPUMilli:    int64(cfg.CPUs),
+		IdleRelease: time.Duration(cfg.IdleReleaseMS) * time.Millisecond,
+		Warmups:     b.warmups,
 		Log:         b.log, // the backend names its component
 		WorkspaceLimits: workspace.Limits{MaxFiles: cfg.MaxFiles, MaxBytes: cfg.MaxWorkspaceMB << 20,
 			MaxFileBytes: min(cfg.MaxWorkspaceMB<<20, 64<<20)},

@@ -134,6 +134,7 @@ func (b *Backend) agentCommand() []string {
 		"--tmpdir", "/tmp",
 		// bwrap's init is PID 1 and the agent its child, not root.
 		"--sweep", "container",
+		"--warm-on-request", "--idle-release", b.o.IdleRelease.String(),
 	}
 }
 
