@@ -116,9 +116,10 @@ type Server struct {
 	zyg   *zygoteManager // nil without zygote
 	node  *nodeRuntime   // nil without a TypeScript toolchain
 	nb    *notebook
-	// lastRun is when the last run ended (UnixNano; 0 after an idle
-	// release and before the first run).
-	lastRun atomic.Int64
+	// lastActive is when the last run ended or the last warm request came
+	// (UnixNano); ran is set by the first run (see releaseWhenIdle).
+	lastActive atomic.Int64
+	ran        atomic.Bool
 
 	jobsMu sync.Mutex
 	nJobs  int // live jobs, at most MaxJobs
@@ -341,6 +342,7 @@ func (s *Server) serveConn(ctx context.Context, br *bufio.Reader) (resp Response
 	}
 	if req.Language == PingLanguage {
 		if req.Warm {
+			s.noteActive()
 			s.warm()
 		}
 		return Response{Zygote: s.zyg != nil && s.zyg.isReady(), Warm: s.isWarm()}, nil
@@ -492,7 +494,8 @@ func (s *Server) run(ctx context.Context, req Request) Response {
 		return Response{ExitCode: -1, Error: "agent shutting down"}
 	}
 	defer func() { <-runSem }()
-	defer s.noteRun()
+	s.ran.Store(true)
+	defer s.noteActive()
 	if !s.opts.WarmOnRequest {
 		s.warm() // again after an idle release
 	}

@@ -12,9 +12,9 @@ import (
 // (Request.Warm), so that it can spread the heavy preloads of many new
 // sandboxes over time. A run never waits for the Python zygote: until it
 // is ready, python runs start python3 directly (Response.Cold). After
-// Options.IdleRelease without a run, the runtimes are stopped (the
-// sandbox, its files and a notebook kernel stay); the next warm, or the
-// next TypeScript or JavaScript run, starts them again.
+// Options.IdleRelease without a run or a warm request, the runtimes are
+// stopped (the sandbox, its files and a notebook kernel stay); the next
+// warm, or the next TypeScript or JavaScript run, starts them again.
 
 // HasRuntime says whether an agent of lang keeps a runtime to warm up.
 func HasRuntime(lang string) bool {
@@ -61,12 +61,19 @@ func (s *Server) release() {
 	s.logf("idle: runtimes released")
 }
 
-// noteRun records the end of a run for the idle release.
-func (s *Server) noteRun() { s.lastRun.Store(time.Now().UnixNano()) }
+// noteActive records a run's end or a warm request: the idle release
+// counts from the last of them.
+func (s *Server) noteActive() { s.lastActive.Store(time.Now().UnixNano()) }
 
-// releaseWhenIdle releases the runtimes once no run has ended for
-// Options.IdleRelease, counted from the last run: a sandbox that never ran
-// anything (a warm one in the broker's pool) keeps them.
+// wantsRuntime reports whether a runtime is wanted (warm, or warming up).
+func (s *Server) wantsRuntime() bool {
+	return s.zyg != nil && s.zyg.wanted() || s.node != nil && s.node.resident.wanted()
+}
+
+// releaseWhenIdle releases the runtimes once neither a run nor a warm
+// request has come for Options.IdleRelease, provided a run ever came: a
+// sandbox that never ran anything (a warm one in the broker's pool) keeps
+// them.
 func (s *Server) releaseWhenIdle(ctx context.Context) {
 	idle := s.opts.IdleRelease
 	t := time.NewTimer(idle)
@@ -78,13 +85,14 @@ func (s *Server) releaseWhenIdle(ctx context.Context) {
 		case <-t.C:
 		}
 		wait := idle
-		if last := s.lastRun.Load(); last != 0 {
+		if s.ran.Load() {
+			last := s.lastActive.Load()
 			if since := time.Since(time.Unix(0, last)); since < idle {
 				wait = idle - since
-			} else {
+			} else if s.wantsRuntime() {
 				select {
 				case runSem <- struct{}{}: // no run in progress, none starts
-					if s.lastRun.CompareAndSwap(last, 0) {
+					if s.lastActive.Load() == last {
 						s.release()
 					}
 					<-runSem
