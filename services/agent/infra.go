@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os/exec"
 	"sync"
 	"syscall"
@@ -26,6 +27,18 @@ import (
 // Node resident, the idle Node spare), the notebook kernel and its client
 // (notebookProcs), and a zygote's idle spares (its children still in the
 // agent's session, see spareOfZygote).
+
+// codeLock keeps the boot of an infrastructure process apart from the code
+// of runs: a process is traceable by code of the same uid (and open to
+// writes through /proc/<pid>/mem) until it has made itself non-dumpable,
+// so it starts (exclusive lock) only while no run's code executes (read
+// lock, from a run's start to the end of its sweep), and reports sealed
+// before the lock is let go. A job's code, which lives beside runs for as
+// long as its timeout allows, is not held back.
+var codeLock sync.RWMutex
+
+// sealTimeout bounds the wait for a starting process to seal itself.
+const sealTimeout = 30 * time.Second
 
 // infraSID is the agent's session ID (set by newServer).
 var infraSID int
@@ -91,11 +104,12 @@ const keeperMaxBackoff = 30 * time.Second
 type keeper[P infraProc] struct {
 	s    *Server
 	name string
-	// start starts a process (registered as protected); ready waits for
-	// it to say it is ready. A started process is killed by the keeper
-	// when ready fails.
-	start func() (P, error)
-	ready func(ctx context.Context, p P) error
+	// start starts a process (registered as protected); sealed waits for
+	// it to say it is non-dumpable, ready for it to say it is ready. A
+	// started process is killed by the keeper when either fails.
+	start  func() (P, error)
+	sealed func(ctx context.Context, p P) error
+	ready  func(ctx context.Context, p P) error
 	// onReady, if set, is called with the pid of every process that
 	// became ready (tests).
 	onReady func(pid int)
@@ -111,8 +125,8 @@ type keeper[P infraProc] struct {
 	all      map[P]bool // every live process, for release and shutdown
 }
 
-func newKeeper[P infraProc](s *Server, name string, start func() (P, error), ready func(context.Context, P) error) *keeper[P] {
-	return &keeper[P]{s: s, name: name, start: start, ready: ready, all: map[P]bool{}}
+func newKeeper[P infraProc](s *Server, name string, start func() (P, error), sealed, ready func(context.Context, P) error) *keeper[P] {
+	return &keeper[P]{s: s, name: name, start: start, sealed: sealed, ready: ready, all: map[P]bool{}}
 }
 
 // begin gives the keeper the agent's lifetime; nothing boots before it.
@@ -235,8 +249,10 @@ func (k *keeper[P]) bootOnce(ctx context.Context, delay time.Duration) (p P, sta
 			return p, false, ctx.Err()
 		}
 	}
+	codeLock.Lock()
 	p, err = k.start()
 	if err != nil {
+		codeLock.Unlock()
 		return p, false, err
 	}
 	k.mu.Lock()
@@ -246,6 +262,13 @@ func (k *keeper[P]) bootOnce(ctx context.Context, delay time.Duration) (p P, sta
 		<-p.exited()
 		k.died(p)
 	}()
+	sctx, cancel := context.WithTimeout(ctx, sealTimeout)
+	err = k.sealed(sctx, p)
+	cancel()
+	codeLock.Unlock()
+	if err != nil {
+		return p, true, fmt.Errorf("not sealed: %w", err)
+	}
 	return p, true, k.ready(ctx, p)
 }
 
@@ -280,7 +303,8 @@ func (k *keeper[P]) discard(p P, why error) {
 
 // get returns the ready process, waiting up to wait for one that is
 // booting; with take, the process is the caller's from then on and the
-// next one boots.
+// next one boots. A caller holding codeLock must not wait: the boot needs
+// it.
 func (k *keeper[P]) get(ctx context.Context, wait time.Duration, take bool) (P, error) {
 	var zero P
 	k.mu.Lock()

@@ -159,8 +159,8 @@ func newNodeRuntime(s *Server) *nodeRuntime {
 		return nil
 	}
 	r := &nodeRuntime{s: s, node: node, toolchain: tc}
-	r.resident = newKeeper(s, "typescript resident", r.startResident, r.waitReady)
-	r.spare = newKeeper(s, "node spare", r.startSpare, r.waitReady)
+	r.resident = newKeeper(s, "typescript resident", r.startResident, r.waitSealed, r.waitReady)
+	r.spare = newKeeper(s, "node spare", r.startSpare, r.waitSealed, r.waitReady)
 	r.resident.onReady, r.spare.onReady = s.opts.residentReady, s.opts.spareReady
 	return r
 }
@@ -280,7 +280,22 @@ func (r *nodeRuntime) startSpare() (*nodeProc, error) {
 	return p, nil
 }
 
-// waitReady waits for a resident's or spare's first line.
+// waitSealed waits for a resident's or spare's first line: it is
+// non-dumpable.
+func (r *nodeRuntime) waitSealed(ctx context.Context, p *nodeProc) error {
+	stop := context.AfterFunc(ctx, func() { _ = p.conn.SetReadDeadline(time.Now()) })
+	defer stop()
+	line, err := p.readLine(time.Now().Add(sealTimeout))
+	if err != nil {
+		return err
+	}
+	if string(line) != "sealed" {
+		return fmt.Errorf("bad first line %q", truncate(string(line), 80))
+	}
+	return nil
+}
+
+// waitReady waits for a resident's or spare's ready line.
 func (r *nodeRuntime) waitReady(ctx context.Context, p *nodeProc) error {
 	stop := context.AfterFunc(ctx, func() { _ = p.conn.SetReadDeadline(time.Now()) })
 	defer stop()
@@ -350,9 +365,11 @@ func (r *nodeRuntime) check(ctx context.Context, path, out string, deadline time
 
 // spawn hands the run at path to a spare, waiting a bounded time for one
 // that is starting. It returns the run's process and the read ends of its
-// stdout and stderr. On failure the spare is gone and nothing of the run
-// started: the caller starts it another way.
-func (r *nodeRuntime) spawn(ctx context.Context, path, cwd string) (*proc, *os.File, *os.File, error) {
+// stdout and stderr; begin is called right before the run may start (the
+// caller takes codeLock there). On failure the spare is gone, begin was
+// not called and nothing of the run started: the caller starts it another
+// way.
+func (r *nodeRuntime) spawn(ctx context.Context, path, cwd string, begin func()) (*proc, *os.File, *os.File, error) {
 	r.spare.warm()
 	p, err := r.spare.get(ctx, nodeSpareWait, true)
 	if err != nil {
@@ -380,6 +397,7 @@ func (r *nodeRuntime) spawn(ctx context.Context, path, cwd string) (*proc, *os.F
 	// reads its output.
 	p.took.Store(true)
 	unprotect(p.ch.pid)
+	begin()
 	if err := p.writeLine([]byte("go"), deadline); err != nil {
 		// It may have died; its status says how.
 		r.s.logf("node spare %d: go: %v", p.ch.pid, err)

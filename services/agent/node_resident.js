@@ -6,6 +6,7 @@
 // type-checks each run's main.ts and writes main.js beside it. It never
 // runs code of a run. Messages are JSON lines:
 //
+//   resident -> agent  {"sealed": true}       (it is non-dumpable now)
 //   resident -> agent  {"ready": true, "pid": N, "typescript": "5.9.3"}
 //   agent -> resident  {"file": "/tmp/run-1/main.ts", "out": "/tmp/run-1/main.js"}
 //   resident -> agent  {"errors": N, "diagnostics": "main.ts(1,7): error TS2322: ..."}
@@ -17,12 +18,13 @@ const fs = require('fs');
 const path = require('path');
 
 const toolchain = process.argv[1];
+const CTRL_FD = 3;
 // Non-dumpable first: code of the same uid cannot then trace this process
 // or write its memory through /proc and so outlive a run in it.
 require(path.join(toolchain, 'sandbox_proc.node')).setDumpable(false);
+fs.writeSync(CTRL_FD, 'sealed\n');
 const ts = require(path.join(toolchain, 'node_modules', 'typescript'));
 
-const CTRL_FD = 3;
 const MAX_DIAGNOSTICS = 64 << 10;
 
 // Compiler options: node's CommonJS, as `tsx main.ts` ran it, and tsc's

@@ -7,6 +7,7 @@
 // fd 3 and the run's stdout and stderr already in place, it gets Node's
 // start-up over with, then waits for one run:
 //
+//   spare -> agent  "sealed"  (it is non-dumpable now)
 //   spare -> agent  "ready"
 //   agent -> spare  {"path": "/tmp/run-1/main.js", "cwd": "/mnt/data"}
 //   spare -> agent  "ok"      (after setsid: it is no longer in the
@@ -63,6 +64,7 @@ const nativePath = path.join(toolchain, 'sandbox_proc.node');
 const native = require(nativePath);
 native.setDumpable(false);
 delete require.cache[nativePath];
+send('sealed');
 
 // What another process of the same uid could change in an idle spare.
 function tamperable() {

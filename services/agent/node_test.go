@@ -229,8 +229,9 @@ func TestNodeIdleReleaseAndRewarm(t *testing.T) {
 	if resp := na.run(t, ts("console.log(1)")); string(resp.Stdout) != "1\n" {
 		t.Fatalf("got %q %q", resp.Stdout, resp.Stderr)
 	}
+	spare := next(t, na.spares, "the spare after the run")
 	deadline := time.Now().Add(30 * time.Second)
-	for alive(resident) {
+	for alive(resident) || alive(spare) {
 		if time.Now().After(deadline) {
 			t.Fatal("the resident was not released when idle")
 		}

@@ -46,13 +46,22 @@ func (s *Server) execute(ctx context.Context, lang string, cmd Command, path str
 	var p *proc
 	var outR, errR *os.File
 	usedZygote := false
+	// No infrastructure process starts while the run's code executes.
+	locked := false
+	lock := func() { codeLock.RLock(); locked = true }
+	defer func() {
+		if locked {
+			codeLock.RUnlock()
+		}
+	}()
 	if s.node != nil && filepath.Ext(path) == ".js" && (lang == LangTypeScript || lang == LangJavaScript) {
-		p, outR, errR, err = s.node.spawn(ctx, path, s.opts.WorkDir)
+		p, outR, errR, err = s.node.spawn(ctx, path, s.opts.WorkDir, lock)
 		if err != nil {
 			s.logf("running node directly: %v", err)
 		}
 	}
 	if p == nil {
+		lock()
 		var outW, errW *os.File
 		if outR, outW, err = os.Pipe(); err != nil {
 			return Response{ExitCode: -1, Error: "pipe: " + err.Error()}

@@ -45,7 +45,7 @@ type zygoteManager struct {
 
 func newZygoteManager(s *Server) *zygoteManager {
 	m := &zygoteManager{}
-	m.keeper = newKeeper(s, "zygote", m.startZygote, m.waitZygote)
+	m.keeper = newKeeper(s, "zygote", m.startZygote, m.waitSealed, m.waitZygote)
 	m.onReady = s.opts.zygoteReady
 	return m
 }
@@ -79,7 +79,8 @@ func (m *zygoteManager) startZygote() (*zygote, error) {
 	defer devnull.Close()
 	ch, err := s.startInfra(&exec.Cmd{
 		Path:       bin,
-		Args:       []string{"python3", "-c", zygoteScript},
+		// -s: no user site directory, which runs can write (HOME=/tmp).
+		Args:       []string{"python3", "-s", "-c", zygoteScript},
 		Env:        s.opts.Env,
 		Dir:        "/",
 		Stdin:      devnull,
@@ -96,6 +97,23 @@ func (m *zygoteManager) startZygote() (*zygote, error) {
 		conn.Close()
 	}()
 	return &zygote{ch: ch, conn: conn, pid: ch.pid}, nil
+}
+
+// waitSealed waits for the zygote's first message: it is non-dumpable.
+func (m *zygoteManager) waitSealed(ctx context.Context, z *zygote) error {
+	_ = z.conn.SetReadDeadline(time.Now().Add(sealTimeout))
+	stop := context.AfterFunc(ctx, func() { _ = z.conn.SetReadDeadline(time.Now()) })
+	defer stop()
+	var m1 struct {
+		Sealed bool `json:"sealed"`
+	}
+	if err := readMsg(z.conn, &m1); err != nil {
+		return err
+	}
+	if !m1.Sealed {
+		return errors.New("bad first message")
+	}
+	return nil
 }
 
 // waitZygote waits for the zygote's ready message.

@@ -10,6 +10,7 @@
 # children that are still in the agent's session (see sweep.go). Messages are
 # single JSON objects, one per packet:
 #
+#   zygote -> agent  {"sealed": true}             (it is non-dumpable now)
 #   zygote -> agent  {"ready": true, "pid": N, "preloaded": [...]}
 #   agent  -> zygote {"path": "/tmp/run-1/main.py", "cwd": "/mnt/data",
 #                     "env": {"MPLBACKEND": ..., "PYTHONPATH": ...} | null}
@@ -189,6 +190,7 @@ def _spare(chan, zygote_pid):
             pass
     sys.argv = [path]
     sys.path[0] = os.path.dirname(path)
+    _user_site()
     if env:
         _use_env(env)
     import runpy
@@ -206,6 +208,20 @@ def _spare(chan, zygote_pid):
         traceback.print_exception(type(e), e, t if t is not None else tb)
         return 1
     return 0
+
+
+def _user_site():
+    """The zygote runs with -s (its user site directory is the runs' to
+    write); a run gets it as `python3 main.py` would."""
+    try:
+        import site
+
+        site.ENABLE_USER_SITE = True
+        user = site.getusersitepackages()
+        if os.path.isdir(user):
+            site.addsitedir(user)
+    except Exception:
+        pass
 
 
 def _use_env(env):
@@ -388,6 +404,7 @@ class _Zygote:
 def _serve():
     ctrl = socket.socket(fileno=CTRL_FD)
     _dumpable(0)
+    ctrl.send(b'{"sealed": true}')
     preloaded = _preload()
     import gc
 
