@@ -251,8 +251,7 @@ func (nb *notebook) start(ctx context.Context, deadline time.Time) (*kernel, err
 	wait := time.Until(deadline).Seconds()
 	k.shim, err = s.startChild(false, &exec.Cmd{
 		Path:   bin,
-		// -s: no user site directory, which cells can write (HOME=/tmp).
-		Args:   []string{"python3", "-s", "-c", kernelShim, cf, strconv.FormatFloat(max(wait, 1), 'f', 1, 64)},
+		Args:   []string{"python3", "-s", "-c", kernelShim, cf, strconv.FormatFloat(max(wait, 1), 'f', 1, 64)}, // -s: no user site (cells write it)
 		Env:    s.opts.Env,
 		Dir:    "/",
 		Stdin:  inR,

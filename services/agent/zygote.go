@@ -79,8 +79,7 @@ func (m *zygoteManager) startZygote() (*zygote, error) {
 	defer devnull.Close()
 	ch, err := s.startInfra(&exec.Cmd{
 		Path:       bin,
-		// -s: no user site directory, which runs can write (HOME=/tmp).
-		Args:       []string{"python3", "-s", "-c", zygoteScript},
+		Args:       []string{"python3", "-s", "-c", zygoteScript}, // -s: no user site (runs write it)
 		Env:        s.opts.Env,
 		Dir:        "/",
 		Stdin:      devnull,
