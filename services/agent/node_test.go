@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -20,7 +21,7 @@ const tsImage = "sandbox-broker/runner-typescript:latest"
 
 // nodeToolchain copies the runner's /opt/ts into a temporary directory. It
 // fails in CI and skips elsewhere when Docker or the image is missing.
-func nodeToolchain(t *testing.T) string {
+func nodeToolchain(t testing.TB) string {
 	t.Helper()
 	miss := func(format string, a ...any) {
 		msg := fmt.Sprintf(format, a...)
@@ -57,7 +58,7 @@ type nodeAgent struct {
 
 // startNodeAgent starts a typescript agent with the toolchain and waits
 // until its resident and spare are ready.
-func startNodeAgent(t *testing.T, opts Options) *nodeAgent {
+func startNodeAgent(t testing.TB, opts Options) *nodeAgent {
 	t.Helper()
 	opts.Language = LangTypeScript
 	opts.NodeToolchain = nodeToolchain(t)
@@ -70,7 +71,7 @@ func startNodeAgent(t *testing.T, opts Options) *nodeAgent {
 	return na
 }
 
-func (na *nodeAgent) warm(t *testing.T) {
+func (na *nodeAgent) warm(t testing.TB) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
@@ -248,5 +249,30 @@ func TestNodeIdleReleaseAndRewarm(t *testing.T) {
 	}
 	if r := next(t, na.residents, "new resident"); r == resident {
 		t.Fatal("the same resident again")
+	}
+}
+
+// BenchmarkTypeScriptRun is a warm TypeScript console.log(1) at the agent
+// (type check in the resident, run in a spare), then the same with a
+// pause after each run (a spare ready every time).
+func BenchmarkTypeScriptRun(b *testing.B) {
+	na := startNodeAgent(b, Options{})
+	for _, pause := range []time.Duration{0, 300 * time.Millisecond} {
+		b.Run(fmt.Sprintf("pause=%v", pause), func(b *testing.B) {
+			lat := make([]time.Duration, 0, b.N)
+			for i := 0; i < b.N; i++ {
+				start := time.Now()
+				if resp := na.run(b, ts("const n: number = 1;\nconsole.log(n);\n")); string(resp.Stdout) != "1\n" {
+					b.Fatalf("got %q %q", resp.Stdout, resp.Stderr)
+				}
+				lat = append(lat, time.Since(start))
+				b.StopTimer()
+				time.Sleep(pause)
+				b.StartTimer()
+			}
+			slices.Sort(lat)
+			b.ReportMetric(float64(lat[len(lat)/2])/1e6, "p50-ms")
+			b.ReportMetric(0, "ns/op")
+		})
 	}
 }
