@@ -115,13 +115,15 @@ func Ping(ctx context.Context, socketPath string, start bool) (warm bool, err er
 }
 
 // WaitReady pings the agent until it answers, with a short backoff (1 ms
-// doubling to 50 ms), until ctx is done. Use it after starting a container.
+// doubling to 4 ms: a new session waits on this), until ctx is done. Use
+// it after starting a container.
 func WaitReady(ctx context.Context, socketPath string) error {
 	return waitPing(ctx, socketPath, false)
 }
 
 // WaitWarm is WaitReady that also asks for the runtime of the agent's
-// language (see Request.Warm) and waits until it is ready.
+// language (see Request.Warm) and waits until it is ready (backoff up to
+// 50 ms).
 func WaitWarm(ctx context.Context, socketPath string) error {
 	return waitPing(ctx, socketPath, true)
 }
@@ -149,7 +151,10 @@ func WarmInTurn(ctx context.Context, w *sandbox.Warmups, socketPath string, skip
 }
 
 func waitPing(ctx context.Context, socketPath string, warm bool) error {
-	backoff := time.Millisecond
+	backoff, maxBackoff := time.Millisecond, 4*time.Millisecond
+	if warm {
+		maxBackoff = 50 * time.Millisecond
+	}
 	for {
 		pctx, cancel := context.WithTimeout(ctx, time.Second)
 		ready, err := Ping(pctx, socketPath, warm)
@@ -167,7 +172,7 @@ func waitPing(ctx context.Context, socketPath string, warm bool) error {
 			return fmt.Errorf("agent: not ready: %w (last error: %v)", ctx.Err(), err)
 		case <-t.C:
 		}
-		backoff = min(backoff*2, 50*time.Millisecond)
+		backoff = min(backoff*2, maxBackoff)
 	}
 }
 
