@@ -35,11 +35,14 @@ fuzz-smoke:
 
 # Package micro-benchmarks, then the end-to-end engine figures (p50/p95
 # through MCP HTTP, with docker-run, fresh-interpreter and bare Jupyter
-# kernel baselines), then signed download/upload throughput (MB/s beside
-# http.FileServer).
+# kernel baselines), cold starts, session bursts, warm TypeScript and idle
+# memory (beside docker run / docker exec), then signed download/upload
+# throughput (MB/s beside http.FileServer).
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem -count=1 ./audit/ ./services/quota/ ./services/agent/ ./services/process/ ./services/rootfs/ ./middleware/...
 	$(GO) test -run '^$$' -bench 'BenchmarkEngine|BenchmarkNotebook' -benchtime 40x -count=1 ./tests/
+	$(GO) test -run '^$$' -bench 'BenchmarkColdStart|BenchmarkTypeScriptWarm' -benchtime 20x -count=1 ./tests/
+	$(GO) test -run '^$$' -bench 'BenchmarkSessionBurst|BenchmarkIdleMemory' -benchtime 1x -count=1 ./tests/
 	$(GO) test -run '^$$' -bench BenchmarkSignedFiles -benchtime 8x -count=1 ./tests/
 
 docs:
