@@ -153,23 +153,43 @@ func BenchmarkTypeScriptWarm(b *testing.B) {
 		ms(percentile(warm, 50)), ms(percentile(warm, 95)), ms(percentile(base, 50)), ms(percentile(base, 95)))
 }
 
-// containerMemory reads a container's memory cgroup (v1): usage, and
-// usage less inactive file pages (what `docker stats` shows).
-func containerMemory(b *testing.B, id string) (usage, stats int64) {
-	dir := filepath.Join("/sys/fs/cgroup/memory/docker", id)
-	u, err := os.ReadFile(filepath.Join(dir, "memory.usage_in_bytes"))
+// containerUsage reads a container's memory cgroup (v1) usage, page
+// cache included.
+func containerUsage(b *testing.B, id string) int64 {
+	u, err := os.ReadFile(filepath.Join("/sys/fs/cgroup/memory/docker", id, "memory.usage_in_bytes"))
 	if err != nil {
 		b.Fatalf("memory cgroup of %s: %v", id, err)
 	}
-	usage, _ = strconv.ParseInt(strings.TrimSpace(string(u)), 10, 64)
-	st, _ := os.ReadFile(filepath.Join(dir, "memory.stat"))
-	var inactive int64
-	for line := range strings.SplitSeq(string(st), "\n") {
-		if v, ok := strings.CutPrefix(line, "total_inactive_file "); ok {
-			inactive, _ = strconv.ParseInt(v, 10, 64)
-		}
+	v, err := strconv.ParseInt(strings.TrimSpace(string(u)), 10, 64)
+	if err != nil {
+		b.Fatalf("memory cgroup of %s: %v", id, err)
 	}
-	return usage, usage - inactive
+	return v
+}
+
+// dockerStats returns each container's memory use in MiB as `docker
+// stats` shows it (usage less inactive page cache).
+func dockerStats(b *testing.B, ids []string) []float64 {
+	out, err := exec.Command("docker", append([]string{"stats", "--no-stream", "--no-trunc", "--format", "{{.MemUsage}}"}, ids...)...).Output()
+	if err != nil {
+		b.Fatalf("docker stats: %v", err)
+	}
+	units := map[string]float64{"B": 1.0 / (1 << 20), "KiB": 1.0 / (1 << 10), "MiB": 1, "GiB": 1 << 10}
+	var mib []float64
+	for line := range strings.SplitSeq(strings.TrimSpace(string(out)), "\n") {
+		used, _, _ := strings.Cut(line, " / ")
+		i := strings.IndexFunc(used, func(r rune) bool { return (r < '0' || r > '9') && r != '.' })
+		v, err := strconv.ParseFloat(used[:max(i, 0)], 64)
+		u, ok := units[used[max(i, 0):]]
+		if i < 0 || err != nil || !ok {
+			b.Fatalf("docker stats: cannot parse %q", line)
+		}
+		mib = append(mib, v*u)
+	}
+	if len(mib) != len(ids) {
+		b.Fatalf("docker stats: %d rows for %d containers", len(mib), len(ids))
+	}
+	return mib
 }
 
 // containerProcs counts the processes in a container whose command line
@@ -187,7 +207,7 @@ func containerProcs(id, marker string) int {
 }
 
 // BenchmarkIdleMemory measures 100 idle sessions' containers (a print(1)
-// each, then idle past SANDBOX_IDLE_RELEASE_MS) from their memory cgroups,
+// each, then idle past SANDBOX_IDLE_RELEASE_MS) with docker stats,
 // beside the warm containers of the pool in the same run (zygote
 // preloaded: what every idle container held before). Target: <= 25 MiB
 // each, as docker stats counts.
@@ -207,57 +227,47 @@ func BenchmarkIdleMemory(b *testing.B) {
 		concurrently(sessions, 10, func(j int) { callTool(b, c, "close_session", map[string]any{"session_id": ids[j]}) })
 	})
 	waitPool(b, broker, map[string]int{"python": 2})
-	list := func(workspace string) []string {
+	// Wait (bounded) until every container holds no zygote (an idle
+	// session's, released) or a warm one (a zygote and its spare: the
+	// pool's, never released), and the idle ones are the sessions'. A
+	// claimed warm container keeps its "pool" label, so the labels do not
+	// tell them apart.
+	var idle, pooled []string
+	deadline := time.Now().Add(10 * time.Minute)
+	for {
 		out, err := exec.Command("docker", "ps", "-q", "--no-trunc", "--filter", "label=sandbox.root="+broker.Root,
 			"--filter", "label=sandbox.language=python").Output()
 		if err != nil {
 			b.Fatal(err)
 		}
-		var keep []string
+		idle, pooled = nil, nil
+		settled := true
 		for _, id := range strings.Fields(string(out)) {
-			ws, _ := exec.Command("docker", "inspect", "-f", `{{index .Config.Labels "sandbox.workspace"}}`, id).Output()
-			if (strings.TrimSpace(string(ws)) == "pool") == (workspace == "pool") {
-				keep = append(keep, id)
+			switch n := containerProcs(id, zygoteMarker); {
+			case n == 0:
+				idle = append(idle, id)
+			case n >= 2:
+				pooled = append(pooled, id)
+			default:
+				settled = false
 			}
 		}
-		return keep
-	}
-	idle, pooled := list("session"), list("pool")
-	if len(idle) != sessions || len(pooled) == 0 {
-		b.Fatalf("%d session containers and %d warm ones, want %d and some", len(idle), len(pooled), sessions)
-	}
-	// Wait (bounded) until no session container holds a zygote and every
-	// warm one does (its preload done).
-	deadline := time.Now().Add(10 * time.Minute)
-	for {
-		left := 0
-		for _, id := range idle {
-			left += containerProcs(id, zygoteMarker)
-		}
-		warm := 0
-		for _, id := range pooled {
-			if containerProcs(id, zygoteMarker) >= 2 {
-				warm++
-			}
-		}
-		if left == 0 && warm == len(pooled) {
+		if settled && len(idle) == sessions && len(pooled) > 0 {
 			break
 		}
 		if time.Now().After(deadline) {
-			b.Fatalf("after 10 min: %d zygote processes in idle sessions, %d of %d warm containers warm", left, warm, len(pooled))
+			b.Fatalf("after 10 min: %d released containers, %d warm, settled %v; want %d released", len(idle), len(pooled), settled, sessions)
 		}
 		time.Sleep(500 * time.Millisecond)
 	}
-	per := func(ids []string) (usage, stats []float64) {
+	usage := func(ids []string) (mib []float64) {
 		for _, id := range ids {
-			u, s := containerMemory(b, id)
-			usage = append(usage, float64(u)/(1<<20))
-			stats = append(stats, float64(s)/(1<<20))
+			mib = append(mib, float64(containerUsage(b, id))/(1<<20))
 		}
-		return usage, stats
+		return mib
 	}
-	iu, is := per(idle)
-	wu, ws := per(pooled)
+	iu, is := usage(idle), dockerStats(b, idle)
+	wu, ws := usage(pooled), dockerStats(b, pooled)
 	b.ReportMetric(mean(is), "idle-session-MiB")
 	b.ReportMetric(mean(iu), "idle-session-usage-MiB")
 	b.ReportMetric(mean(ws), "warm-container-MiB")
