@@ -5,7 +5,7 @@ LDFLAGS   := -s -w -X main.version=$(VERSION)
 FUZZTIME  ?= 30s
 STATICCHECK ?= $(shell command -v staticcheck 2>/dev/null || echo $(HOME)/go/bin/staticcheck)
 
-.PHONY: build run test lint fuzz fuzz-smoke bench docs runners image clean
+.PHONY: build run test lint fuzz fuzz-smoke bench bench-agent docs runners image clean
 
 build:
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o bin/sandbox-broker ./cmd/sandbox-broker
@@ -18,6 +18,7 @@ test:
 
 lint:
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo "gofmt: files above need formatting"; exit 1; }
+	$(GO) mod tidy -diff # fails, printing the diff, unless go.mod/go.sum are tidy
 	$(GO) vet ./...
 	@test -x "$(STATICCHECK)" || $(GO) install honnef.co/go/tools/cmd/staticcheck@v0.8.2
 	$(STATICCHECK) ./...
@@ -44,6 +45,12 @@ bench:
 	$(GO) test -run '^$$' -bench 'BenchmarkColdStart|BenchmarkTypeScriptWarm' -benchtime 20x -count=1 ./tests/
 	$(GO) test -run '^$$' -bench 'BenchmarkSessionBurst|BenchmarkIdleMemory' -benchtime 1x -count=1 ./tests/
 	$(GO) test -run '^$$' -bench BenchmarkSignedFiles -benchtime 8x -count=1 ./tests/
+
+# 100 agent tasks at once (the real Claude Code CLI against the fake model):
+# wall time, errors, broker RSS, memory per session; needs the agent runner.
+AGENT_BENCH_SESSIONS ?= 100
+bench-agent:
+	AGENT_BENCH_SESSIONS=$(AGENT_BENCH_SESSIONS) $(GO) test -run '^$$' -bench BenchmarkAgentTasks -benchtime 1x -count=1 -timeout 30m ./tests/
 
 docs:
 	$(GO) run ./cmd/sandbox-broker docs

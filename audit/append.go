@@ -33,7 +33,11 @@ func (l *Log) Append(ctx context.Context, r Record) (int64, error) {
 	}
 	ts := now.Format(time.RFC3339Nano)
 	seq := l.lastSeq + 1
-	b, err := marshalBody(bodyFor(seq, ts, l.opts.Keys.KeyID, rec))
+	body, err := bodyFor(bodyVersion, seq, ts, l.opts.Keys.KeyID, rec)
+	if err != nil {
+		return 0, fmt.Errorf("audit: encode row: %w", err)
+	}
+	b, err := marshalBody(body)
 	if err != nil {
 		return 0, fmt.Errorf("audit: encode row: %w", err)
 	}
@@ -62,11 +66,14 @@ func (l *Log) insert(ctx context.Context, seq int64, ts string, r Record, leaf t
 		return fmt.Errorf("audit: begin: %w", err)
 	}
 	defer tx.Rollback()
+	o := r.Source
 	_, err = tx.ExecContext(ctx, `INSERT INTO audit(seq, ts, call_id, phase, principal, tool, params,
-		outcome, error_code, duration_ms, leaf, prev_mac, mac, kid)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+		outcome, error_code, duration_ms, leaf, prev_mac, mac, kid,
+		body_version, transport, client_addr, user_agent, mcp_session, toolset)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
 		seq, ts, r.CallID, string(r.Phase), r.Principal, r.Tool, string(r.Params),
-		string(r.Outcome), r.ErrorCode, r.DurationMS, leaf[:], l.lastMAC, mac, l.opts.Keys.KeyID)
+		string(r.Outcome), r.ErrorCode, r.DurationMS, leaf[:], l.lastMAC, mac, l.opts.Keys.KeyID,
+		bodyVersion, o.Transport, o.ClientAddr, o.UserAgent, o.MCPSession, o.Toolset)
 	if err != nil {
 		return fmt.Errorf("audit: insert seq %d: %w", seq, err)
 	}

@@ -249,7 +249,11 @@ func exportLeaves(t *testing.T, f *fixture) []tlog.Hash {
 		if err != nil {
 			t.Fatal(err)
 		}
-		b, err := marshalBody(bodyFor(r.Seq, r.TS, r.KeyID, r.Rec))
+		body, err := bodyFor(r.V, r.Seq, r.TS, r.KeyID, r.Rec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := marshalBody(body)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -9,17 +9,34 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"strings"
 
 	_ "modernc.org/sqlite" // registers driver "sqlite"
+
+	"github.com/sandbox-broker/sandbox-broker/services/migrate"
 )
 
-// schemaVersion is stored in PRAGMA user_version.
-const schemaVersion = 1
+// migrations take audit.db from one schema version, stored in PRAGMA
+// user_version, to the next. Append; never edit a released step.
+var migrations = migrate.Steps{
+	strings.Join(schemaV1, ";\n"),
+	// 2: where each call came from. Older rows keep body version 1 and
+	// empty sources, and verify as they were written.
+	`ALTER TABLE audit ADD COLUMN body_version INTEGER NOT NULL DEFAULT 1;
+	ALTER TABLE audit ADD COLUMN transport TEXT NOT NULL DEFAULT '';
+	ALTER TABLE audit ADD COLUMN client_addr TEXT NOT NULL DEFAULT '';
+	ALTER TABLE audit ADD COLUMN user_agent TEXT NOT NULL DEFAULT '';
+	ALTER TABLE audit ADD COLUMN mcp_session TEXT NOT NULL DEFAULT '';
+	ALTER TABLE audit ADD COLUMN toolset TEXT NOT NULL DEFAULT ''`,
+}
 
-// schema is idempotent. The chain trigger also blocks INSERT OR REPLACE
-// (its seq is never max+1), and recursive_triggers=ON on every connection
-// makes REPLACE's implicit delete hit audit_no_delete as well.
-var schema = []string{
+// schemaVersion is the version migrations reach.
+var schemaVersion = len(migrations)
+
+// schemaV1 is the first schema. The chain trigger also blocks INSERT OR
+// REPLACE (its seq is never max+1), and recursive_triggers=ON on every
+// connection makes REPLACE's implicit delete hit audit_no_delete as well.
+var schemaV1 = []string{
 	`CREATE TABLE IF NOT EXISTS audit(
 		seq INTEGER PRIMARY KEY,
 		ts TEXT NOT NULL,
@@ -72,6 +89,24 @@ func fileURI(path string, params url.Values) (string, error) {
 	return u.String() + "?" + params.Encode(), nil
 }
 
+// openDB opens path on one connection, with q and the settings every
+// connection gets: recursive triggers, untrusted schema, a busy timeout.
+func openDB(path string, q url.Values) (*sql.DB, error) {
+	q.Add("_pragma", "recursive_triggers(1)")
+	q.Add("_pragma", "trusted_schema(0)")
+	q.Set("_busy_timeout", "5000")
+	dsn, err := fileURI(path, q)
+	if err != nil {
+		return nil, err
+	}
+	db, err := sql.Open("sqlite", dsn)
+	if err != nil {
+		return nil, fmt.Errorf("audit: open %s: %w", path, err)
+	}
+	db.SetMaxOpenConns(1)
+	return db, nil
+}
+
 // openWriter opens the single writer connection.
 func openWriter(ctx context.Context, path string) (*sql.DB, error) {
 	// Create the file ourselves so it starts at 0600; SQLite gives the -wal
@@ -88,23 +123,15 @@ func openWriter(ctx context.Context, path string) (*sql.DB, error) {
 		return nil, fmt.Errorf("audit: chmod %s: %w", path, err)
 	}
 	q := url.Values{}
-	q.Add("_pragma", "recursive_triggers(1)")
-	q.Add("_pragma", "trusted_schema(0)")
 	q.Set("_journal_mode", "WAL")
 	q.Set("_synchronous", "FULL")
-	q.Set("_busy_timeout", "5000")
 	q.Set("_txlock", "immediate")
 	q.Set("_defensive", "1")
 	q.Set("mode", "rw")
-	dsn, err := fileURI(path, q)
+	db, err := openDB(path, q)
 	if err != nil {
 		return nil, err
 	}
-	db, err := sql.Open("sqlite", dsn)
-	if err != nil {
-		return nil, fmt.Errorf("audit: open %s: %w", path, err)
-	}
-	db.SetMaxOpenConns(1)
 	db.SetMaxIdleConns(1)
 	db.SetConnMaxLifetime(0)
 	db.SetConnMaxIdleTime(0)
@@ -115,6 +142,7 @@ func openWriter(ctx context.Context, path string) (*sql.DB, error) {
 	return db, nil
 }
 
+// createSchema creates or migrates the schema in one write transaction.
 func createSchema(ctx context.Context, db *sql.DB) error {
 	tx, err := db.BeginTx(ctx, nil)
 	if err != nil {
@@ -125,12 +153,9 @@ func createSchema(ctx context.Context, db *sql.DB) error {
 	if err := tx.QueryRowContext(ctx, "PRAGMA user_version").Scan(&v); err != nil {
 		return err
 	}
-	if v != 0 && v != schemaVersion {
-		return fmt.Errorf("unsupported audit schema version %d", v)
-	}
 	if v != 0 {
-		// CREATE TRIGGER IF NOT EXISTS would quietly restore dropped
-		// triggers; a drop means someone else wrote to the file.
+		// A dropped trigger means someone else wrote to the file; the
+		// check comes before any migration could hide it.
 		missing, err := missingTriggers(ctx, tx)
 		if err != nil {
 			return err
@@ -139,21 +164,13 @@ func createSchema(ctx context.Context, db *sql.DB) error {
 			return fmt.Errorf("%w: triggers missing: %v", ErrIntegrity, missing)
 		}
 	}
-	for _, s := range schema {
-		if _, err := tx.ExecContext(ctx, s); err != nil {
-			return err
-		}
-	}
-	if v == 0 {
-		// PRAGMA takes no bound parameters; the value is a constant.
-		if _, err := tx.ExecContext(ctx, fmt.Sprintf("PRAGMA user_version = %d", schemaVersion)); err != nil {
-			return err
-		}
+	if _, err := migrate.Apply(ctx, tx, migrate.UserVersion("audit"), migrations); err != nil {
+		return err
 	}
 	return tx.Commit()
 }
 
-// triggers are the names created by schema.
+// triggers are the names created by schemaV1.
 var triggers = []string{"audit_no_update", "audit_no_delete", "audit_chain",
 	"audit_tree_no_update", "audit_tree_no_delete", "audit_tree_dense"}
 
@@ -177,32 +194,30 @@ func missingTriggers(ctx context.Context, q querier) ([]string, error) {
 var ErrNoDatabase = errors.New("audit: database does not exist")
 
 // openReader opens path read-only (mode=ro plus query_only), never creating
-// or modifying it.
-func openReader(ctx context.Context, path string) (*sql.DB, error) {
+// or modifying it, and returns the query that selects its rows.
+func openReader(ctx context.Context, path string) (*sql.DB, string, error) {
 	if _, err := os.Stat(path); err != nil {
 		if errors.Is(err, fs.ErrNotExist) {
-			return nil, fmt.Errorf("%w: %s", ErrNoDatabase, path)
+			return nil, "", fmt.Errorf("%w: %s", ErrNoDatabase, path)
 		}
-		return nil, fmt.Errorf("audit: %w", err)
+		return nil, "", fmt.Errorf("audit: %w", err)
 	}
 	q := url.Values{}
 	q.Set("mode", "ro")
-	q.Add("_pragma", "recursive_triggers(1)")
-	q.Add("_pragma", "trusted_schema(0)")
 	q.Set("_query_only", "1")
-	q.Set("_busy_timeout", "5000")
-	dsn, err := fileURI(path, q)
+	db, err := openDB(path, q)
 	if err != nil {
-		return nil, err
+		return nil, "", err
 	}
-	db, err := sql.Open("sqlite", dsn)
-	if err != nil {
-		return nil, fmt.Errorf("audit: open %s: %w", path, err)
-	}
-	db.SetMaxOpenConns(1)
-	if err := db.PingContext(ctx); err != nil {
+	var v int
+	if err := db.QueryRowContext(ctx, "PRAGMA user_version").Scan(&v); err != nil {
 		db.Close()
-		return nil, fmt.Errorf("audit: open %s: %w", path, err)
+		return nil, "", fmt.Errorf("audit: open %s: %w", path, err)
 	}
-	return db, nil
+	sel, err := selectRowFor(v)
+	if err != nil {
+		db.Close()
+		return nil, "", err
+	}
+	return db, sel, nil
 }

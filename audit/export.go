@@ -15,12 +15,12 @@ func Tail(ctx context.Context, path string, n int, w io.Writer) error {
 	if n < 1 {
 		return errors.New("audit: tail: n must be at least 1")
 	}
-	db, err := openReader(ctx, path)
+	db, sel, err := openReader(ctx, path)
 	if err != nil {
 		return err
 	}
 	defer db.Close()
-	rows, err := db.QueryContext(ctx, selectRow+" ORDER BY seq DESC LIMIT ?", n)
+	rows, err := db.QueryContext(ctx, sel+" ORDER BY seq DESC LIMIT ?", n)
 	if err != nil {
 		return fmt.Errorf("audit: tail: %w", err)
 	}
@@ -44,12 +44,12 @@ func Export(ctx context.Context, path string, format string, w io.Writer) error 
 	if format != "jsonl" {
 		return fmt.Errorf("audit: export: unknown format %q (want jsonl)", format)
 	}
-	db, err := openReader(ctx, path)
+	db, sel, err := openReader(ctx, path)
 	if err != nil {
 		return err
 	}
 	defer db.Close()
-	rows, err := db.QueryContext(ctx, selectRow+" ORDER BY seq")
+	rows, err := db.QueryContext(ctx, sel+" ORDER BY seq")
 	if err != nil {
 		return fmt.Errorf("audit: export: %w", err)
 	}

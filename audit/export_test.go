@@ -143,7 +143,7 @@ func TestReadersAreReadOnly(t *testing.T) {
 	if !bytes.Equal(before, after) {
 		t.Fatal("readers modified the database file")
 	}
-	db, err := openReader(ctx, f.opts.Path)
+	db, _, err := openReader(ctx, f.opts.Path)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -23,8 +23,9 @@ func FuzzAppendVerify(f *testing.F) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		src := Source{Transport: "http", ClientAddr: code, UserAgent: param + principal, MCPSession: tool, Toolset: principal}
 		recs := []Record{
-			{CallID: param, Phase: PhaseIntent, Principal: principal, Tool: tool, Params: pj},
+			{CallID: param, Phase: PhaseIntent, Principal: principal, Tool: tool, Params: pj, Source: src},
 			{CallID: param, Phase: PhaseOutcome, Principal: principal, Tool: tool, Params: pj, Outcome: OutcomeFailure, ErrorCode: code, DurationMS: int64(len(param))},
 			{CallID: code, Phase: PhaseOutcome, Principal: tool, Tool: principal, Outcome: OutcomeDenied},
 		}
@@ -57,7 +58,14 @@ func FuzzAppendVerify(f *testing.F) {
 			if !recordsEqual(r.Rec, want) {
 				t.Fatalf("row %d stored %+v, want %+v", i+1, r.Rec, want)
 			}
-			b := bodyFor(r.Seq, r.TS, r.KeyID, r.Rec)
+			if r.V != bodyVersion {
+				t.Fatalf("row %d: body version %d", i+1, r.V)
+			}
+			body, err := bodyFor(r.V, r.Seq, r.TS, r.KeyID, r.Rec)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b := body.(bodyV2)
 			enc, err := marshalBody(b)
 			if err != nil {
 				t.Fatal(err)
@@ -65,12 +73,13 @@ func FuzzAppendVerify(f *testing.F) {
 			if got := leafHash(enc); !bytes.Equal(got[:], r.Leaf) {
 				t.Fatalf("row %d: leaf differs from body", i+1)
 			}
-			var back body
+			var back bodyV2
 			if err := json.Unmarshal(enc, &back); err != nil {
 				t.Fatal(err)
 			}
 			if back.Principal != b.Principal || back.Tool != b.Tool || back.CallID != b.CallID ||
-				back.ErrorCode != b.ErrorCode || !bytes.Equal(back.Params, b.Params) || back.Seq != b.Seq || back.TS != b.TS {
+				back.ErrorCode != b.ErrorCode || !bytes.Equal(back.Params, b.Params) || back.Seq != b.Seq || back.TS != b.TS ||
+				back.UserAgent != b.UserAgent || back.ClientAddr != b.ClientAddr || back.MCPSession != b.MCPSession || back.Toolset != b.Toolset {
 				t.Fatalf("row %d: body does not round-trip: %s", i+1, enc)
 			}
 			again, err := marshalBody(back)

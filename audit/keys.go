@@ -65,30 +65,10 @@ func LoadKeys(cfg KeyConfig) (Keys, error) {
 	if err != nil {
 		return Keys{}, err
 	}
-	var k Keys
-	if cfg.HMACKey != "" {
-		if k.HMACKey, err = decodeHMACKey([]byte(cfg.HMACKey)); err != nil {
-			return Keys{}, fmt.Errorf("audit: AUDIT_HMAC_KEY: %w", err)
-		}
-	} else {
-		hmacFile, err := cfg.path(cfg.HMACKeyFile, "audit_hmac.key")
-		if err != nil {
-			return Keys{}, err
-		}
-		if err := createIfMissing(hmacFile, 0o600, func() ([]byte, error) {
-			b := make([]byte, minHMACKey)
-			if _, err := rand.Read(b); err != nil {
-				return nil, err
-			}
-			return []byte(hex.EncodeToString(b) + "\n"), nil
-		}); err != nil {
-			return Keys{}, err
-		}
-		if k.HMACKey, err = readHMACKeyFile(hmacFile); err != nil {
-			return Keys{}, err
-		}
+	k, err := loadHMACKey(cfg, true)
+	if err != nil {
+		return Keys{}, err
 	}
-	k.KeyID = keyID(k.HMACKey)
 
 	if _, err := os.Stat(skFile); errors.Is(err, fs.ErrNotExist) {
 		if _, err := os.Stat(vkFile); err == nil {
@@ -126,22 +106,10 @@ func LoadKeys(cfg KeyConfig) (Keys, error) {
 // LoadVerifyKeys loads the HMAC key and the verifier key without creating
 // anything; Signer stays nil.
 func LoadVerifyKeys(cfg KeyConfig) (Keys, error) {
-	var k Keys
-	var err error
-	if cfg.HMACKey != "" {
-		if k.HMACKey, err = decodeHMACKey([]byte(cfg.HMACKey)); err != nil {
-			return Keys{}, fmt.Errorf("audit: AUDIT_HMAC_KEY: %w", err)
-		}
-	} else {
-		hmacFile, err := cfg.path(cfg.HMACKeyFile, "audit_hmac.key")
-		if err != nil {
-			return Keys{}, err
-		}
-		if k.HMACKey, err = readHMACKeyFile(hmacFile); err != nil {
-			return Keys{}, err
-		}
+	k, err := loadHMACKey(cfg, false)
+	if err != nil {
+		return Keys{}, err
 	}
-	k.KeyID = keyID(k.HMACKey)
 	vkFile, err := cfg.path(cfg.VerifierKeyFile, "audit_checkpoint.pub")
 	if err != nil {
 		return Keys{}, err
@@ -150,6 +118,43 @@ func LoadVerifyKeys(cfg KeyConfig) (Keys, error) {
 		return Keys{}, err
 	}
 	return k, nil
+}
+
+// loadHMACKey returns Keys with the HMAC key and its ID: AUDIT_HMAC_KEY,
+// or the key file, which create makes (hex of 32 random bytes, 0600) when
+// it is missing.
+func loadHMACKey(cfg KeyConfig, create bool) (Keys, error) {
+	key, err := hmacKey(cfg, create)
+	if err != nil {
+		return Keys{}, err
+	}
+	return Keys{HMACKey: key, KeyID: keyID(key)}, nil
+}
+
+func hmacKey(cfg KeyConfig, create bool) ([]byte, error) {
+	if cfg.HMACKey != "" {
+		k, err := decodeHMACKey([]byte(cfg.HMACKey))
+		if err != nil {
+			return nil, fmt.Errorf("audit: AUDIT_HMAC_KEY: %w", err)
+		}
+		return k, nil
+	}
+	hmacFile, err := cfg.path(cfg.HMACKeyFile, "audit_hmac.key")
+	if err != nil {
+		return nil, err
+	}
+	if create {
+		if err := createIfMissing(hmacFile, 0o600, func() ([]byte, error) {
+			b := make([]byte, minHMACKey)
+			if _, err := rand.Read(b); err != nil {
+				return nil, err
+			}
+			return []byte(hex.EncodeToString(b) + "\n"), nil
+		}); err != nil {
+			return nil, err
+		}
+	}
+	return readHMACKeyFile(hmacFile)
 }
 
 func keyID(key []byte) string {

@@ -66,7 +66,7 @@ func compactJSON(t testing.TB, b []byte) json.RawMessage {
 func recordsEqual(a, b Record) bool {
 	return a.CallID == b.CallID && a.Phase == b.Phase && a.Principal == b.Principal &&
 		a.Tool == b.Tool && bytes.Equal(a.Params, b.Params) && a.Outcome == b.Outcome &&
-		a.ErrorCode == b.ErrorCode && a.DurationMS == b.DurationMS
+		a.ErrorCode == b.ErrorCode && a.DurationMS == b.DurationMS && a.Source == b.Source
 }
 
 func TestAppendConcurrent(t *testing.T) {

@@ -12,13 +12,29 @@ import (
 )
 
 // selectRow lists every stored column in scanRow's order.
-const selectRow = `SELECT seq, ts, call_id, phase, principal, tool, params, outcome,
-	error_code, duration_ms, leaf, prev_mac, mac, kid FROM audit`
+const selectRow = selectV1Columns + `, body_version, transport, client_addr, user_agent, mcp_session, toolset FROM audit`
+
+const selectV1Columns = `SELECT seq, ts, call_id, phase, principal, tool, params, outcome,
+	error_code, duration_ms, leaf, prev_mac, mac, kid`
+
+// selectRowFor is selectRow for a database at schema version v, which
+// readers never migrate: columns added later read as the defaults their
+// migration gives existing rows.
+func selectRowFor(v int) (string, error) {
+	switch v {
+	case 1:
+		return selectV1Columns + `, 1, '', '', '', '', '' FROM audit`, nil
+	case schemaVersion:
+		return selectRow, nil
+	}
+	return "", fmt.Errorf("audit: unsupported schema version %d", v)
+}
 
 // storedRow is one row exactly as stored.
 type storedRow struct {
 	Seq     int64
 	TS      string
+	V       int // body version
 	Rec     Record
 	Leaf    []byte
 	PrevMAC []byte
@@ -31,8 +47,10 @@ type scanner interface{ Scan(dest ...any) error }
 func scanRow(s scanner) (storedRow, error) {
 	var r storedRow
 	var phase, outcome, params string
+	o := &r.Rec.Source
 	err := s.Scan(&r.Seq, &r.TS, &r.Rec.CallID, &phase, &r.Rec.Principal, &r.Rec.Tool,
-		&params, &outcome, &r.Rec.ErrorCode, &r.Rec.DurationMS, &r.Leaf, &r.PrevMAC, &r.MAC, &r.KeyID)
+		&params, &outcome, &r.Rec.ErrorCode, &r.Rec.DurationMS, &r.Leaf, &r.PrevMAC, &r.MAC, &r.KeyID,
+		&r.V, &o.Transport, &o.ClientAddr, &o.UserAgent, &o.MCPSession, &o.Toolset)
 	r.Rec.Phase, r.Rec.Outcome, r.Rec.Params = Phase(phase), Outcome(outcome), json.RawMessage(params)
 	return r, err
 }
@@ -46,7 +64,11 @@ func (r storedRow) recompute(key, prevMAC []byte) (tlog.Hash, []byte, error) {
 	if err := json.Compact(&c, r.Rec.Params); err != nil || !bytes.Equal(c.Bytes(), r.Rec.Params) {
 		return tlog.Hash{}, nil, fmt.Errorf("params not canonical JSON")
 	}
-	b, err := marshalBody(bodyFor(r.Seq, r.TS, r.KeyID, r.Rec))
+	body, err := bodyFor(r.V, r.Seq, r.TS, r.KeyID, r.Rec)
+	if err != nil {
+		return tlog.Hash{}, nil, err
+	}
+	b, err := marshalBody(body)
 	if err != nil {
 		return tlog.Hash{}, nil, err
 	}

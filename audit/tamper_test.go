@@ -120,7 +120,8 @@ func TestTamperInsertRenumber(t *testing.T) {
 	mustExec(t, db, "UPDATE audit SET seq = -seq WHERE seq >= 7")
 	mustExec(t, db, "UPDATE audit SET seq = -seq + 1 WHERE seq < 0")
 	mustExec(t, db, `INSERT INTO audit SELECT 7, ts, 'forged', phase, 'admin', tool, params, outcome,
-		error_code, duration_ms, leaf, prev_mac, mac, kid FROM audit WHERE seq = 8`)
+		error_code, duration_ms, leaf, prev_mac, mac, kid,
+		body_version, transport, client_addr, user_agent, mcp_session, toolset FROM audit WHERE seq = 8`)
 	wantBad(t, f.verify(t), 7, "mac mismatch")
 }
 
@@ -128,7 +129,8 @@ func TestTamperInsertRenumber(t *testing.T) {
 func TestTamperAppendForged(t *testing.T) {
 	f, db := tampered(t, 10, 8)
 	mustExec(t, db, `INSERT INTO audit SELECT 11, ts, call_id, phase, principal, tool, params, outcome,
-		error_code, duration_ms, leaf, mac, mac, kid FROM audit WHERE seq = 10`)
+		error_code, duration_ms, leaf, mac, mac, kid,
+		body_version, transport, client_addr, user_agent, mcp_session, toolset FROM audit WHERE seq = 10`)
 	wantBad(t, f.verify(t), 11, "mac mismatch")
 	wantOpenRefused(t, f)
 }
@@ -242,7 +244,7 @@ func TestTamperForgedCheckpoints(t *testing.T) {
 	if err := os.Remove(f.opts.CheckpointPath); err != nil {
 		t.Fatal(err)
 	}
-	for _, stmt := range schema { // cover tracks
+	for _, stmt := range schemaV1 { // cover tracks
 		mustExec(t, db, stmt)
 	}
 	l, err := Open(context.Background(), Options{Path: f.opts.Path, CheckpointPath: f.opts.CheckpointPath + ".new",

@@ -88,7 +88,8 @@ func TestReplaceBlockedByRecursiveTriggers(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err := l.db.ExecContext(ctx, `REPLACE INTO audit SELECT seq, ts, call_id, phase, 'mallory', tool, params,
-		outcome, error_code, duration_ms, leaf, prev_mac, mac, kid FROM audit WHERE seq = 1`)
+		outcome, error_code, duration_ms, leaf, prev_mac, mac, kid,
+		body_version, transport, client_addr, user_agent, mcp_session, toolset FROM audit WHERE seq = 1`)
 	if err == nil || !strings.Contains(err.Error(), "append-only") {
 		t.Fatalf("REPLACE without chain trigger: %v", err)
 	}

@@ -75,7 +75,7 @@ func Verify(ctx context.Context, opts VerifyOptions) (VerifyReport, error) {
 	}
 	rep.Checkpoints = len(cps)
 
-	db, err := openReader(ctx, opts.Path)
+	db, sel, err := openReader(ctx, opts.Path)
 	if errors.Is(err, ErrNoDatabase) && len(cps) > 0 {
 		last := cps[len(cps)-1].Size
 		rep.FirstBadSeq = 1
@@ -95,7 +95,7 @@ func Verify(ctx context.Context, opts VerifyOptions) (VerifyReport, error) {
 	if err := tx.QueryRowContext(ctx, "SELECT count(*) FROM audit").Scan(&rep.Rows); err != nil {
 		return rep, fmt.Errorf("audit: verify: %w", err)
 	}
-	rows, err := tx.QueryContext(ctx, selectRow+" ORDER BY seq")
+	rows, err := tx.QueryContext(ctx, sel+" ORDER BY seq")
 	if err != nil {
 		return rep, fmt.Errorf("audit: verify: %w", err)
 	}

@@ -9,6 +9,8 @@ import (
 	"net"
 	"net/url"
 	"reflect"
+	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -102,6 +104,20 @@ type Config struct {
 	// or files each entry names.
 	GitHubReposFile string `env:"GITHUB_REPOS_FILE" validate:"omitempty,filepath"`
 	GitHubAPIURL    string `env:"GITHUB_API_URL" validate:"http_url"`
+	// Agent tasks (execute_task, services/broker/agent.go): on with a model
+	// API key; the gateway's upstream and allow-list, the agent runner's
+	// limits, and each tier's task policy (AGENT_TIERS, JSON).
+	AnthropicAPIKey   Secret   `env:"ANTHROPIC_API_KEY" validate:"omitempty,min=8,max=512,printascii"`
+	AnthropicAPIURL   string   `env:"ANTHROPIC_API_URL" validate:"http_url,max=512"`
+	AgentKeysFile     string   `env:"AGENT_KEYS_FILE" validate:"omitempty,filepath"`
+	AgentModels       []string `env:"AGENT_MODELS" validate:"dive,model_name"`
+	AgentSmallModel   string   `env:"AGENT_SMALL_MODEL" validate:"model_name"`
+	AgentTimeoutS     int      `env:"AGENT_TIMEOUT_S" validate:"min=1,max=3600"`
+	AgentMaxTurns     int      `env:"AGENT_MAX_TURNS" validate:"min=1,max=1000"`
+	AgentMemoryMB     int64    `env:"AGENT_MEMORY_MB" validate:"min=256,max=65536"`
+	AgentCPUsMilli    int      `env:"AGENT_CPUS_MILLI" validate:"min=100,max=64000"`
+	AgentMaxRequestMB int64    `env:"AGENT_MAX_REQUEST_MB" validate:"min=1,max=32"`
+	AgentTiers        string   `env:"AGENT_TIERS" validate:"omitempty,max=4096,json"`
 	// OAuth for remote connectors (see EffectiveOAuthMode).
 	OAuthMode           string `env:"OAUTH_MODE" validate:"omitempty,oneof=embedded external off"`
 	OAuthIssuer         string `env:"OAUTH_ISSUER" validate:"omitempty,http_url,max=512"`
@@ -114,6 +130,8 @@ type Config struct {
 	OAuthAccessTTLS     int    `env:"OAUTH_ACCESS_TOKEN_TTL_S" validate:"min=60,max=86400"`
 	OAuthRefreshTTLS    int    `env:"OAUTH_REFRESH_TOKEN_TTL_S" validate:"min=3600,max=31536000"`
 	OAuthKeyMaxAgeS     int    `env:"OAUTH_KEY_MAX_AGE_S" validate:"min=3600,max=31536000"`
+	// Console turns the web console at / on or off (HTTP only).
+	Console string `env:"CONSOLE" validate:"oneof=on off"`
 }
 
 // Defaults are the embedded defaults: loopback HTTP, state under ./data.
@@ -155,6 +173,14 @@ func Defaults() Config {
 		GitHubAPIURL:    "https://api.github.com/",
 		BuildWaitS:      50,
 
+		AnthropicAPIURL:   "https://api.anthropic.com",
+		AgentModels:       []string{"claude-sonnet-4-5", "claude-haiku-4-5"},
+		AgentSmallModel:   "claude-haiku-4-5",
+		AgentTimeoutS:     300,
+		AgentMaxTurns:     50,
+		AgentMemoryMB:     4096,
+		AgentCPUsMilli:    2000,
+		AgentMaxRequestMB: 8,
 		FileUploadMinKBps: 64,
 
 		OAuthPrincipalClaim: "sub",
@@ -162,25 +188,26 @@ func Defaults() Config {
 		OAuthAccessTTLS:     900,
 		OAuthRefreshTTLS:    30 * 24 * 3600,
 		OAuthKeyMaxAgeS:     30 * 24 * 3600,
+		Console:             "on",
 	}
 }
 
 // SecretValues lists every configured secret, for the redactor.
 func (c Config) SecretValues() []string {
-	return []string{c.APIToken.Reveal(), c.FileSecret.Reveal(), c.FileSecretPrev.Reveal(), c.AuditHMACKey.Reveal(), c.CSBAPIKey.Reveal()}
+	return []string{c.APIToken.Reveal(), c.FileSecret.Reveal(), c.FileSecretPrev.Reveal(), c.AuditHMACKey.Reveal(), c.CSBAPIKey.Reveal(),
+		c.AnthropicAPIKey.Reveal()}
+}
+
+// TasksEnabled reports whether agent tasks are configured: a model API key
+// for everyone or per principal.
+func (c Config) TasksEnabled() bool {
+	return c.AnthropicAPIKey.Reveal() != "" || c.AgentKeysFile != ""
 }
 
 // IsLoopback reports whether the HTTP listener binds only loopback.
 func (c Config) IsLoopback() bool {
 	host, _, err := net.SplitHostPort(c.Addr)
-	if err != nil {
-		return false
-	}
-	if strings.EqualFold(host, "localhost") {
-		return true
-	}
-	ip := net.ParseIP(host)
-	return ip != nil && ip.IsLoopback()
+	return err == nil && IsLoopbackHost(host)
 }
 
 // EffectiveOAuthMode is OAUTH_MODE, or its default: embedded when
@@ -328,6 +355,9 @@ func newValidator() *validator.Validate {
 		}
 		return host == "" || net.ParseIP(host) != nil || v.Var(host, "hostname_rfc1123") == nil
 	})
+	_ = v.RegisterValidation("model_name", func(fl validator.FieldLevel) bool {
+		return modelName.MatchString(fl.Field().String())
+	})
 	_ = v.RegisterValidation("toolset", func(fl validator.FieldLevel) bool {
 		return KnownToolsets[fl.Field().String()]
 	})
@@ -349,6 +379,9 @@ func Validate(c Config) error {
 		return err
 	}
 	if err := validatePreview(c); err != nil {
+		return err
+	}
+	if err := validateAgent(c); err != nil {
 		return err
 	}
 	if c.PublicBaseURL != "" {
@@ -376,7 +409,7 @@ func validateOAuth(c Config) error {
 		return fmt.Errorf("config: OAUTH_MODE=%s needs PUBLIC_BASE_URL (the https URL clients reach the broker at)", mode)
 	}
 	u, err := url.Parse(c.PublicBaseURL)
-	if err != nil || !(u.Scheme == "https" || u.Scheme == "http" && isLoopbackHost(u.Hostname())) {
+	if err != nil || !(u.Scheme == "https" || u.Scheme == "http" && IsLoopbackHost(u.Hostname())) {
 		return fmt.Errorf("config: OAUTH_MODE=%s needs an https PUBLIC_BASE_URL (http only on 127.0.0.1, [::1] or localhost)", mode)
 	}
 	switch mode {
@@ -389,14 +422,40 @@ func validateOAuth(c Config) error {
 			return errors.New("config: OAUTH_MODE=external needs OAUTH_ISSUER (the identity provider's issuer URL)")
 		}
 		iu, err := url.Parse(c.OAuthIssuer)
-		if err != nil || !(iu.Scheme == "https" || iu.Scheme == "http" && isLoopbackHost(iu.Hostname())) {
+		if err != nil || !(iu.Scheme == "https" || iu.Scheme == "http" && IsLoopbackHost(iu.Hostname())) {
 			return errors.New("config: OAUTH_ISSUER must be https (http only on loopback)")
 		}
 	}
 	return nil
 }
 
-func isLoopbackHost(h string) bool {
+// validateAgent checks what the model gateway needs: the key travels to
+// ANTHROPIC_API_URL, so plain http only to loopback (a local fake), and
+// the small model must be one the gateway allows.
+func validateAgent(c Config) error {
+	u, err := url.Parse(c.AnthropicAPIURL)
+	if err != nil || u.User != nil || u.RawQuery != "" || u.Fragment != "" ||
+		!(u.Scheme == "https" || u.Scheme == "http" && IsLoopbackHost(u.Hostname())) {
+		return errors.New("config: ANTHROPIC_API_URL must be an https URL (http only on loopback) without user info, query or fragment; its value is not shown")
+	}
+	if len(c.AgentModels) > maxAgentModels {
+		return fmt.Errorf("config: AGENT_MODELS lists %d models; at most %d are accepted", len(c.AgentModels), maxAgentModels)
+	}
+	if !slices.Contains(c.AgentModels, c.AgentSmallModel) {
+		return fmt.Errorf("config: AGENT_SMALL_MODEL=%q must be one of AGENT_MODELS", c.AgentSmallModel)
+	}
+	return nil
+}
+
+// maxAgentModels bounds AGENT_MODELS.
+const maxAgentModels = 16
+
+// modelName is what a model name in AGENT_MODELS may look like.
+var modelName = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._:@-]{0,63}$`)
+
+// IsLoopbackHost reports whether a URL's or address's host is localhost or
+// a loopback IP: the one place plain http is allowed.
+func IsLoopbackHost(h string) bool {
 	if strings.EqualFold(h, "localhost") {
 		return true
 	}

@@ -52,7 +52,7 @@ func (c Config) PreviewBaseFor(port int) (string, error) {
 		return strings.TrimRight(c.PreviewBaseURL, "/"), nil
 	}
 	if c.PublicBaseURL != "" {
-		if u, err := url.Parse(c.PublicBaseURL); err != nil || !isLoopbackHost(u.Hostname()) {
+		if u, err := url.Parse(c.PublicBaseURL); err != nil || !IsLoopbackHost(u.Hostname()) {
 			return "", errors.New("this broker has no address for previews: set PREVIEW_BASE_URL to an origin of their own (see README, Web projects)")
 		}
 	}

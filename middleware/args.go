@@ -3,8 +3,6 @@ package middleware
 import (
 	"bytes"
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -17,7 +15,6 @@ import (
 	"github.com/go-playground/validator/v10"
 	"github.com/mark3labs/mcp-go/mcp"
 
-	"github.com/sandbox-broker/sandbox-broker/middleware/redact"
 	"github.com/sandbox-broker/sandbox-broker/services/brokererr"
 )
 
@@ -27,12 +24,15 @@ const DefaultMaxArgBytes = 64 << 10
 // ArgSpec says how one tool's arguments are decoded, validated and audited.
 type ArgSpec struct {
 	MaxBytes int
-	decode   func(raw []byte) (any, error)
-	schema   json.RawMessage
-	summary  func(v any) map[string]any
-	typ      reflect.Type
-	strict   func(raw []byte) (any, error) // decode without rules
-	rules    []Rule
+	// Toolset is the toolset the tool was enabled through; audit rows
+	// record it.
+	Toolset string
+	decode  func(raw []byte) (any, error)
+	schema  json.RawMessage
+	summary func(v any) map[string]any
+	typ     reflect.Type
+	strict  func(raw []byte) (any, error) // decode without rules
+	rules   []Rule
 }
 
 // Rule adds validator rules to one top-level argument field, for limits
@@ -123,7 +123,8 @@ func isEmbedded(f reflect.StructField) bool {
 
 // Args builds the spec for argument struct T. T's fields use `json` names,
 // `validate` rules (validator/v10 plus the custom rules below), `desc` for
-// the schema description and `audit:"clear"` for values safe to log as-is.
+// the schema description and `audit` for what the audit log keeps of them
+// (see summary.go); a field that does not say is a programming error.
 func Args[T any](maxBytes int) ArgSpec {
 	if maxBytes <= 0 {
 		maxBytes = DefaultMaxArgBytes
@@ -131,6 +132,9 @@ func Args[T any](maxBytes int) ArgSpec {
 	var zero T
 	if reflect.TypeOf(zero).Kind() != reflect.Struct {
 		panic("middleware.Args: T must be a struct")
+	}
+	if err := checkAuditTags(reflect.TypeOf(zero)); err != nil {
+		panic("middleware.Args: " + err.Error())
 	}
 	strict := func(raw []byte) (any, error) { return decodeStrict[T](raw) }
 	return ArgSpec{
@@ -421,68 +425,6 @@ func jsonKind(t reflect.Type) string {
 		return "an array"
 	}
 	return "of another type"
-}
-
-// summarize turns validated arguments into audit parameters: values tagged
-// audit:"clear" and plain scalars as they are; strings and collections only
-// as size and SHA-256 prefix, so code, file contents and tokens never reach
-// the audit log.
-func summarize(v any) map[string]any {
-	out := map[string]any{}
-	rv := reflect.ValueOf(v)
-	if rv.Kind() == reflect.Pointer {
-		rv = rv.Elem()
-	}
-	rt := rv.Type()
-	for i := 0; i < rt.NumField(); i++ {
-		f := rt.Field(i)
-		if isEmbedded(f) {
-			for k, v := range summarize(rv.Field(i).Addr().Interface()) {
-				out[k] = v
-			}
-			continue
-		}
-		name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
-		if name == "" || name == "-" || !f.IsExported() {
-			continue
-		}
-		fv := rv.Field(i)
-		if fv.IsZero() {
-			continue
-		}
-		clear := f.Tag.Get("audit") == "clear"
-		switch fv.Kind() {
-		case reflect.Bool, reflect.Int, reflect.Int64, reflect.Float64:
-			out[name] = fv.Interface()
-		case reflect.Pointer:
-			if e := fv.Elem(); e.Kind() == reflect.Bool || e.Kind() == reflect.Int || e.Kind() == reflect.Int64 {
-				out[name] = e.Interface()
-			}
-		case reflect.String:
-			if clear {
-				out[name] = redact.Truncate(fv.String(), 128)
-			} else {
-				out[name] = digest([]byte(fv.String()))
-			}
-		default:
-			b, _ := json.Marshal(fv.Interface())
-			if clear && len(b) <= 1024 {
-				out[name] = json.RawMessage(b)
-				continue
-			}
-			d := digest(b)
-			if fv.Kind() == reflect.Map || fv.Kind() == reflect.Slice {
-				d["count"] = fv.Len()
-			}
-			out[name] = d
-		}
-	}
-	return out
-}
-
-func digest(b []byte) map[string]any {
-	h := sha256.Sum256(b)
-	return map[string]any{"bytes": len(b), "sha256": hex.EncodeToString(h[:8])}
 }
 
 // rawArguments returns the call's argument bytes as received.

@@ -11,21 +11,21 @@ import (
 )
 
 type schemaInner struct {
-	Name string `json:"name" validate:"required,identifier"`
+	Name string `json:"name" validate:"required,identifier" audit:"clear"`
 	Port int    `json:"port,omitempty" validate:"omitempty,gte=1,lte=65535"`
 }
 
 type schemaArgs struct {
-	Session  string              `json:"session_id" validate:"required,session_id" desc:"the session"`
-	Language string              `json:"language" validate:"required,oneof=python node bash"`
-	Code     string              `json:"code,omitempty" validate:"omitempty,min=1,max=1000,clean"`
+	Session  string              `json:"session_id" validate:"required,session_id" audit:"clear" desc:"the session"`
+	Language string              `json:"language" validate:"required,oneof=python node bash" audit:"clear"`
+	Code     string              `json:"code,omitempty" validate:"omitempty,min=1,max=1000,clean" audit:"digest"`
 	Timeout  int                 `json:"timeout_s,omitempty" validate:"omitempty,min=1,max=300"`
 	Ratio    float64             `json:"ratio,omitempty"`
-	Files    []string            `json:"files,omitempty" validate:"omitempty,max=5,dive,required,max=64"`
-	Env      map[string]string   `json:"env,omitempty" validate:"omitempty,max=8,dive,max=100"`
-	Inner    *schemaInner        `json:"inner,omitempty"`
-	Matrix   [][]int             `json:"matrix,omitempty"`
-	Labels   map[string][]string `json:"labels,omitempty"`
+	Files    []string            `json:"files,omitempty" validate:"omitempty,max=5,dive,required,max=64" audit:"clear"`
+	Env      map[string]string   `json:"env,omitempty" validate:"omitempty,max=8,dive,max=100" audit:"keys"`
+	Inner    *schemaInner        `json:"inner,omitempty" audit:"clear"`
+	Matrix   [][]int             `json:"matrix,omitempty" audit:"digest"`
+	Labels   map[string][]string `json:"labels,omitempty" audit:"digest"`
 	Verbose  *bool               `json:"verbose,omitempty"`
 	Skipped  string              `json:"-"`
 }
@@ -143,18 +143,149 @@ func TestValidationMessages(t *testing.T) {
 
 func TestSummarize(t *testing.T) {
 	v := true
-	got := summarize(&chainArgs{Path: "p", Mode: "read", Label: strings.Repeat("L", 300), Count: 2, Force: &v})
+	got := summarize(&chainArgs{Path: "p", Mode: "read", Label: strings.Repeat("L", 5000), Count: 2, Force: &v})
 	if got["mode"] != "read" || got["count"] != 2 || got["force"] != true {
 		t.Errorf("summary %v", got)
 	}
-	if l := got["label"].(string); len(l) > 128 {
-		t.Errorf("clear label not capped: %d bytes", len(l))
+	if l := got["label"].(string); len(l) > maxClearBytes || !strings.HasPrefix(l, strings.Repeat("L", 4000)) {
+		t.Errorf("clear label: %d bytes, want capped at %d", len(l), maxClearBytes)
 	}
 	if p := got["path"].(map[string]any); p["bytes"] != 1 || len(p["sha256"].(string)) != 16 {
 		t.Errorf("path digest %v", p)
 	}
 	if _, ok := got["tags"]; ok {
 		t.Error("zero fields are omitted")
+	}
+}
+
+type netPolicy struct{ allowed []string }
+
+func (n netPolicy) MarshalJSON() ([]byte, error) {
+	return json.Marshal(map[string]any{"mode": "allow", "allowed_domains": n.allowed})
+}
+
+type sandboxOpts struct {
+	Network *netPolicy `json:"network,omitempty" audit:"clear"`
+	Image   string     `json:"image,omitempty" audit:"clear"`
+	Token   string     `json:"token,omitempty" audit:"digest"`
+}
+
+type EmbeddedCommon struct {
+	Session string `json:"session_id" audit:"clear"`
+}
+
+type securityArgs struct {
+	EmbeddedCommon
+	Code    string            `json:"code" audit:"digest"`
+	Env     map[string]string `json:"environment,omitempty" audit:"keys"`
+	Files   map[string]string `json:"files,omitempty" audit:"keys"`
+	Paths   []string          `json:"paths,omitempty" audit:"clear"`
+	Sandbox *sandboxOpts      `json:"sandbox_config,omitempty" audit:"clear"`
+	PR      bool              `json:"create_pr,omitempty"`
+	Wait    *bool             `json:"wait,omitempty"`
+}
+
+// Issue 10 item 20: an argument struct behind a pointer (sandbox_config)
+// was dropped; environment names and file paths were only digests.
+func TestSummaryKeepsSecurityArguments(t *testing.T) {
+	yes := true
+	got := summarize(&securityArgs{
+		EmbeddedCommon: EmbeddedCommon{Session: "sess_1"},
+		Code:           "print(secret)",
+		Env:            map[string]string{"API_KEY": "value-never-logged", "DEBUG": "1"},
+		Files:          map[string]string{"src/b.go": "content-never-logged", "a.md": "x"},
+		Paths:          []string{"out/report.csv"},
+		Sandbox:        &sandboxOpts{Network: &netPolicy{allowed: []string{"api.example.com"}}, Token: "tok-never-logged"},
+		PR:             true,
+		Wait:           &yes,
+	})
+	b, _ := json.Marshal(got)
+	js := string(b)
+	for _, want := range []string{`"session_id":"sess_1"`, `"keys":["API_KEY","DEBUG"]`, `"keys":["a.md","src/b.go"]`,
+		`"paths":["out/report.csv"]`, `"network":{"allowed_domains":["api.example.com"],"mode":"allow"}`, `"create_pr":true`, `"wait":true`} {
+		if !strings.Contains(js, want) {
+			t.Errorf("summary lacks %s: %s", want, js)
+		}
+	}
+	for _, never := range []string{"value-never-logged", "content-never-logged", "tok-never-logged", "print(secret)"} {
+		if strings.Contains(js, never) {
+			t.Errorf("summary holds %q: %s", never, js)
+		}
+	}
+	if err := Args[securityArgs](0).CheckAudit(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestArgsRequireAuditTags(t *testing.T) {
+	type untagged struct {
+		N int    `json:"n"`
+		S string `json:"s"`
+	}
+	type nestedUntagged struct {
+		Opts *struct {
+			Host string `json:"host"`
+		} `json:"opts" audit:"clear"`
+	}
+	type keysOnSlice struct {
+		L []string `json:"l" audit:"keys"`
+	}
+	type tagOnNumber struct {
+		N int `json:"n" audit:"digest"`
+	}
+	for name, build := range map[string]func(){
+		"untagged string":      func() { Args[untagged](0) },
+		"untagged nested":      func() { Args[nestedUntagged](0) },
+		"keys on a slice":      func() { Args[keysOnSlice](0) },
+		"digest on a number":   func() { Args[tagOnNumber](0) },
+		"untagged in embedded": func() { Args[struct{ Embedded }](0) },
+		"unexported embedded":  func() { Args[embedsHidden](0) },
+	} {
+		t.Run(name, func(t *testing.T) {
+			defer func() {
+				if recover() == nil {
+					t.Error("Args accepted it")
+				}
+			}()
+			build()
+		})
+	}
+}
+
+// hiddenBase's fields are tagged, but an unexported embedding hides them
+// from reflection, so they would never reach the summary.
+type hiddenBase struct {
+	S string `json:"s" audit:"clear"`
+}
+
+type embedsHidden struct{ hiddenBase }
+
+// Embedded has an untagged string field.
+type Embedded struct {
+	S string `json:"s"`
+}
+
+// CheckAudit catches a summary that loses a field or leaks a digest.
+func TestCheckAuditFindsGaps(t *testing.T) {
+	if err := Args[schemaArgs](0).CheckAudit(); err != nil {
+		t.Fatalf("schemaArgs: %v", err)
+	}
+	spec := Args[securityArgs](0)
+	spec.summary = func(v any) map[string]any {
+		m := summarize(v)
+		delete(m["sandbox_config"].(map[string]any), "network")
+		return m
+	}
+	if err := spec.CheckAudit(); err == nil || !strings.Contains(err.Error(), "network is missing") {
+		t.Errorf("lossy summary: %v", err)
+	}
+	spec.summary = func(v any) map[string]any {
+		m := summarize(v)
+		m["environment"] = v.(*securityArgs).Env
+		return m
+	}
+	if err := spec.CheckAudit(); err == nil || !strings.Contains(err.Error(), "Env.value reaches the audit log") {
+		t.Errorf("leaky summary: %v", err)
 	}
 }
 
@@ -229,12 +360,12 @@ func FuzzDecodeArgs(f *testing.F) {
 }
 
 type EmbeddedBase struct {
-	Session string `json:"session_id" validate:"required"`
+	Session string `json:"session_id" validate:"required" audit:"clear"`
 }
 
 type embeddingArgs struct {
 	EmbeddedBase
-	Items []schemaInner `json:"items" validate:"dive"`
+	Items []schemaInner `json:"items" validate:"dive" audit:"clear"`
 }
 
 func TestExactKeysFollowEmbeddingAndSlices(t *testing.T) {

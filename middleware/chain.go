@@ -61,6 +61,7 @@ type call struct {
 	start     time.Time
 	principal string
 	params    json.RawMessage
+	source    audit.Source
 	audited   bool // intent row written; the Audit stage owns the outcome row
 
 	mu     sync.Mutex
@@ -99,6 +100,27 @@ func (c *call) outcomeParams() json.RawMessage {
 }
 
 type callKey struct{}
+
+type sourceKey struct{}
+
+// WithSource records where calls on ctx arrive: the transport, and for
+// HTTP the peer's address and user agent. Transports set it; every audit
+// row of such a call carries it, with the MCP session and the toolset.
+func WithSource(ctx context.Context, s audit.Source) context.Context {
+	return context.WithValue(ctx, sourceKey{}, s)
+}
+
+// source is the audit source of a call of tool on ctx.
+func (d Deps) source(ctx context.Context, tool string) audit.Source {
+	s, _ := ctx.Value(sourceKey{}).(audit.Source)
+	if cs := server.ClientSessionFromContext(ctx); cs != nil {
+		s.MCPSession = cs.SessionID()
+	}
+	if spec, ok := d.Specs(tool); ok {
+		s.Toolset = spec.Toolset
+	}
+	return s
+}
 
 // Chain returns the tool middlewares, outermost first, for
 // server.WithToolHandlerMiddleware.
@@ -171,7 +193,8 @@ func ErrorResult(r *redact.Redactor, err error) *mcp.CallToolResult {
 // writes their single audit row.
 func (d Deps) observe(next server.ToolHandlerFunc) server.ToolHandlerFunc {
 	return func(ctx context.Context, req mcp.CallToolRequest) (*mcp.CallToolResult, error) {
-		c := &call{id: newCallID(), tool: req.Params.Name, start: d.Now(), params: json.RawMessage(`{}`)}
+		c := &call{id: newCallID(), tool: req.Params.Name, start: d.Now(), params: json.RawMessage(`{}`),
+			source: d.source(ctx, req.Params.Name)}
 		ctx = context.WithValue(ctx, callKey{}, c)
 		res, err := next(ctx, req)
 		dur := d.since(c.start)
@@ -233,7 +256,7 @@ func (d Deps) auditRejection(ctx context.Context, c *call, outcome audit.Outcome
 		}
 	}
 	rec := audit.Record{CallID: c.id, Phase: audit.PhaseOutcome, Principal: c.principal, Tool: c.tool,
-		Params: params, Outcome: outcome, ErrorCode: string(code), DurationMS: dur.Milliseconds()}
+		Params: params, Outcome: outcome, ErrorCode: string(code), DurationMS: dur.Milliseconds(), Source: c.source}
 	if _, err := d.Audit.Append(ctx, rec); err != nil {
 		d.Metrics.auditFailures.Inc()
 		d.Log.Error().Str("call_id", c.id).Str("tool", c.tool).Msg("audit_write_failed")
@@ -367,7 +390,7 @@ func (d Deps) allowCall(ctx context.Context, tool string) error {
 func (d Deps) audit(next server.ToolHandlerFunc) server.ToolHandlerFunc {
 	return func(ctx context.Context, req mcp.CallToolRequest) (res *mcp.CallToolResult, err error) {
 		c := callFrom(ctx)
-		intent := audit.Record{CallID: c.id, Phase: audit.PhaseIntent, Principal: c.principal, Tool: c.tool, Params: c.params}
+		intent := audit.Record{CallID: c.id, Phase: audit.PhaseIntent, Principal: c.principal, Tool: c.tool, Params: c.params, Source: c.source}
 		if _, aerr := d.Audit.Append(ctx, intent); aerr != nil {
 			d.Metrics.auditFailures.Inc()
 			d.Log.Error().Str("call_id", c.id).Str("tool", c.tool).Msg("audit_intent_failed")
@@ -377,7 +400,7 @@ func (d Deps) audit(next server.ToolHandlerFunc) server.ToolHandlerFunc {
 		res, err = d.runHandler(ctx, next, req)
 		out := audit.Record{CallID: c.id, Phase: audit.PhaseOutcome, Principal: c.principal, Tool: c.tool,
 			Params: c.outcomeParams(), Outcome: classify(res, err, true), ErrorCode: string(brokererr.CodeOf(err)),
-			DurationMS: d.since(c.start).Milliseconds()}
+			DurationMS: d.since(c.start).Milliseconds(), Source: c.source}
 		// The outcome row uses a context that outlives a cancelled call.
 		actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 		defer cancel()

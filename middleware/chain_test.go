@@ -29,12 +29,12 @@ import (
 
 // chainArgs is a representative tool argument struct.
 type chainArgs struct {
-	Path  string            `json:"path" validate:"required,max=200,clean" desc:"file path"`
+	Path  string            `json:"path" validate:"required,max=200,clean" audit:"digest" desc:"file path"`
 	Mode  string            `json:"mode,omitempty" validate:"omitempty,oneof=read write" audit:"clear"`
 	Label string            `json:"label,omitempty" validate:"max=100" audit:"clear"`
 	Count int               `json:"count,omitempty" validate:"min=0,max=10"`
-	Tags  []string          `json:"tags,omitempty" validate:"max=3,dive,max=10"`
-	Env   map[string]string `json:"env,omitempty" validate:"max=4,dive,max=20"`
+	Tags  []string          `json:"tags,omitempty" validate:"max=3,dive,max=10" audit:"digest"`
+	Env   map[string]string `json:"env,omitempty" validate:"max=4,dive,max=20" audit:"digest"`
 	Force *bool             `json:"force,omitempty"`
 }
 
@@ -123,6 +123,7 @@ func newHarness(t *testing.T, o harnessOpts) *harness {
 		o.throttle.now = hx.clock.Now
 	}
 	spec := Args[chainArgs](o.maxArgBytes)
+	spec.Toolset = "testset"
 	deps := Deps{
 		Specs: func(name string) (ArgSpec, bool) {
 			if name == toolName {
@@ -738,6 +739,43 @@ func TestChainConcurrentCalls(t *testing.T) {
 	wg.Wait()
 	if rows := hx.rows(); len(rows) != 4*2+4 {
 		t.Fatalf("got %d rows, want 12", len(rows))
+	}
+}
+
+// Issue 10 item 21: every row of a call says where it came from: the
+// transport, the peer's address and user agent (cleaned and capped), the
+// MCP session and the tool's toolset; refused calls' rows too.
+func TestRowsCarryTheSource(t *testing.T) {
+	hx := newHarness(t, harnessOpts{})
+	ua := "evil\x1b]0;pwned\x07agent/" + strings.Repeat("z", 600)
+	ctx := WithSource(alice(), audit.Source{Transport: "http", ClientAddr: "192.0.2.7:40112", UserAgent: ua})
+	ctx = server.NewMCPServer("t", "1").WithContext(ctx, server.NewInProcessSession("mcp-sess-42", nil))
+	hx.call(ctx, `{"path":"a"}`)                                                                // intent + outcome
+	hx.call(ctx, `{"path":"a","unknown":true}`)                                                 // refused: one row
+	hx.call(WithSource(context.Background(), audit.Source{Transport: "stdio"}), `{"path":"a"}`) // unauthenticated
+	rows := hx.rows()
+	if len(rows) != 4 {
+		t.Fatalf("%d rows: %+v", len(rows), rows)
+	}
+	for _, r := range rows[:3] {
+		s := r.Source
+		if s.Transport != "http" || s.ClientAddr != "192.0.2.7:40112" || s.MCPSession != "mcp-sess-42" || s.Toolset != "testset" {
+			t.Errorf("row %d (%s %s) source %+v", r.Seq, r.Phase, r.ErrorCode, s)
+		}
+		if len(s.UserAgent) != audit.MaxUserAgent || strings.ContainsAny(s.UserAgent, "\x1b\x07") || !strings.HasPrefix(s.UserAgent, "evil\uFFFD]0;pwned\uFFFDagent/") {
+			t.Errorf("row %d user agent %q", r.Seq, s.UserAgent)
+		}
+	}
+	if s := rows[3].Source; s.Transport != "stdio" || s.ClientAddr != "" || s.MCPSession != "" || s.Toolset != "testset" {
+		t.Errorf("stdio row source %+v", s)
+	}
+	keys, err := audit.LoadVerifyKeys(audit.KeyConfig{Root: hx.root})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep, err := audit.Verify(context.Background(), audit.VerifyOptions{Path: hx.auditPath,
+		CheckpointPath: filepath.Join(hx.root, "audit.checkpoints"), Keys: keys}); err != nil || !rep.OK {
+		t.Fatalf("verify: %+v %v", rep, err)
 	}
 }
 

@@ -31,6 +31,11 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
+	// Readable by every uid: some tests run the broker as another user.
+	if err := os.Chmod(dir, 0o755); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
 	brokerBin = filepath.Join(dir, "sandbox-broker")
 	build := exec.Command("go", "build", "-o", brokerBin, "../cmd/sandbox-broker")
 	build.Stdout, build.Stderr = os.Stderr, os.Stderr
@@ -65,6 +70,8 @@ type BrokerOpts struct {
 	// ExtraFiles are inherited by the broker as descriptors 3, 4, …
 	// (nil leaves that number closed), as a launching shell's would be.
 	ExtraFiles []*os.File
+	// UID, if set, runs the broker as that uid and gid instead of root.
+	UID uint32
 }
 
 type syncBuffer struct {
@@ -126,6 +133,9 @@ func StartHTTP(t testing.TB, o BrokerOpts) *Broker {
 	}
 	cmd.Env = brokerEnv(o.Root, o.Token, withRootOverlay(t, o.Root, o.Env))
 	cmd.ExtraFiles = o.ExtraFiles
+	if o.UID != 0 {
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: o.UID, Gid: o.UID}}
+	}
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
 		t.Fatal(err)

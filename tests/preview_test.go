@@ -27,7 +27,9 @@ func previewListenAddr(t *testing.T, b *Broker) string {
 // /preview/{id}/ on that sandbox's own host, with the preview CSP on every
 // answer; it refuses other hosts, another sandbox's host, and requests a
 // page of another origin made; its cookie is host-only, path-scoped,
-// HttpOnly and Strict; and the broker's MCP listener refuses a preview's
+// HttpOnly, and (on a localhost name) Secure, SameSite=None and
+// Partitioned, so it reaches the preview framed by the web console and
+// under no other top-level site; and the broker's MCP listener refuses a preview's
 // Origin even when MCP_ALLOWED_ORIGINS lists it. PREVIEW_BASE_URL stands
 // for a reverse proxy: links use it while the listener has its own port.
 func TestPreviewListenerServesOnlyPreviews(t *testing.T) {
@@ -57,7 +59,7 @@ func TestPreviewListenerServesOnlyPreviews(t *testing.T) {
 	}
 	cookies := ok.Cookies()
 	if len(cookies) != 1 || cookies[0].Name != "sbx_preview" || cookies[0].Path != "/preview/"+id+"/" || cookies[0].Domain != "" ||
-		!cookies[0].HttpOnly || cookies[0].SameSite != http.SameSiteStrictMode {
+		!cookies[0].HttpOnly || cookies[0].SameSite != http.SameSiteNoneMode || !cookies[0].Partitioned || !cookies[0].Secure {
 		t.Errorf("preview cookie %+v", cookies)
 	}
 	// The cookie alone authorises the page's own requests.

@@ -70,10 +70,15 @@ func escapeCell(s string) string {
 
 // ReplaceDocs swaps the text between the markers in readme for generated.
 func ReplaceDocs(readme, generated string) (string, error) {
-	start := strings.Index(readme, DocsStart)
-	end := strings.Index(readme, DocsEnd)
+	return ReplaceSection(readme, DocsStart, DocsEnd, generated)
+}
+
+// ReplaceSection puts generated between the README's start and end markers.
+func ReplaceSection(readme, startMarker, endMarker, generated string) (string, error) {
+	start := strings.Index(readme, startMarker)
+	end := strings.Index(readme, endMarker)
 	if start < 0 || end < start {
-		return "", fmt.Errorf("README lacks %s … %s markers", DocsStart, DocsEnd)
+		return "", fmt.Errorf("README lacks %s … %s markers", startMarker, endMarker)
 	}
-	return readme[:start+len(DocsStart)] + "\n" + generated + readme[end:], nil
+	return readme[:start+len(startMarker)] + "\n" + generated + readme[end:], nil
 }

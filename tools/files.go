@@ -18,8 +18,8 @@ type UploadFileArgs struct {
 	SessionID      string `json:"session_id,omitempty" validate:"omitempty,session_id" audit:"clear" desc:"Session to use; omit to start a new one."`
 	ConversationID string `json:"conversationId,omitempty" validate:"omitempty,session_id" audit:"clear" desc:"Alias of session_id."`
 	Path           string `json:"path" validate:"required,max=1024,clean" audit:"clear" desc:"Relative path inside the session workspace (/mnt/data)."`
-	Content        string `json:"content,omitempty" validate:"excluded_with=ContentBase64,clean" desc:"File content as UTF-8 text."`
-	ContentBase64  string `json:"content_base64,omitempty" validate:"excluded_with=Content" desc:"File content as standard base64, for binary files (at most 10 MiB decoded)."`
+	Content        string `json:"content,omitempty" validate:"excluded_with=ContentBase64,clean" audit:"digest" desc:"File content as UTF-8 text."`
+	ContentBase64  string `json:"content_base64,omitempty" validate:"excluded_with=Content" audit:"digest" desc:"File content as standard base64, for binary files (at most 10 MiB decoded)."`
 	Overwrite      bool   `json:"overwrite,omitempty" desc:"Replace an existing file (default false)."`
 }
 

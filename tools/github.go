@@ -101,10 +101,10 @@ func commitResult(res ghsvc.CommitResult) (*mcp.CallToolResult, error) {
 type CommitAndPushArgs struct {
 	RepoID        string            `json:"repo_id" validate:"required,session_id" audit:"clear" desc:"Allow-listed repository ID (the operator's repo_id, not owner/name)."`
 	Branch        string            `json:"branch" validate:"required,max=200,clean" audit:"clear" desc:"Work branch to commit to. It must match the repository's allowed branch patterns (such as sandbox/*) and is never the base branch; it is created from the base branch if missing."`
-	Files         map[string]string `json:"files" validate:"required,min=1,max=10,dive,max=512000,clean" desc:"Files to write: repository-relative path to UTF-8 text content. At most 10 files of 500 KB each; .git, .env, node_modules, .codesandbox and .github/workflows paths are refused."`
-	CommitMessage string            `json:"commit_message" validate:"required,max=200,clean" desc:"Commit message, at most 200 characters."`
+	Files         map[string]string `json:"files" validate:"required,min=1,max=10,dive,max=512000,clean" audit:"keys" desc:"Files to write: repository-relative path to UTF-8 text content. At most 10 files of 500 KB each; .git, .env, node_modules, .codesandbox and .github/workflows paths are refused."`
+	CommitMessage string            `json:"commit_message" validate:"required,max=200,clean" audit:"digest" desc:"Commit message, at most 200 characters."`
 	CreatePR      bool              `json:"create_pr,omitempty" desc:"Open a pull request into the base branch, or return the one already open for this branch."`
-	PRTitle       string            `json:"pr_title,omitempty" validate:"omitempty,max=200,clean" desc:"Pull request title (default: the commit message's first line); only with create_pr."`
+	PRTitle       string            `json:"pr_title,omitempty" validate:"omitempty,max=200,clean" audit:"digest" desc:"Pull request title (default: the commit message's first line); only with create_pr."`
 }
 
 // CommitAndPushToGitHub commits files given inline as one commit.
@@ -134,10 +134,10 @@ type CommitSessionFilesArgs struct {
 	RepoID        string   `json:"repo_id" validate:"required,session_id" audit:"clear" desc:"Allow-listed repository ID (the operator's repo_id, not owner/name)."`
 	Branch        string   `json:"branch" validate:"required,max=200,clean" audit:"clear" desc:"Work branch to commit to. It must match the repository's allowed branch patterns (such as sandbox/*) and is never the base branch; it is created from the base branch if missing."`
 	SessionID     string   `json:"session_id" validate:"required,session_id" audit:"clear" desc:"Your sandbox session whose workspace files to commit."`
-	Paths         []string `json:"paths" validate:"required,min=1,max=10,dive,required,max=1024,clean" desc:"Workspace-relative paths of up to 10 files (500 KB each); each is committed at the same path in the repository."`
-	CommitMessage string   `json:"commit_message" validate:"required,max=200,clean" desc:"Commit message, at most 200 characters."`
+	Paths         []string `json:"paths" validate:"required,min=1,max=10,dive,required,max=1024,clean" audit:"clear" desc:"Workspace-relative paths of up to 10 files (500 KB each); each is committed at the same path in the repository."`
+	CommitMessage string   `json:"commit_message" validate:"required,max=200,clean" audit:"digest" desc:"Commit message, at most 200 characters."`
 	CreatePR      bool     `json:"create_pr,omitempty" desc:"Open a pull request into the base branch, or return the one already open for this branch."`
-	PRTitle       string   `json:"pr_title,omitempty" validate:"omitempty,max=200,clean" desc:"Pull request title (default: the commit message's first line); only with create_pr."`
+	PRTitle       string   `json:"pr_title,omitempty" validate:"omitempty,max=200,clean" audit:"digest" desc:"Pull request title (default: the commit message's first line); only with create_pr."`
 }
 
 // CommitSessionFiles commits files a sandbox session produced. The broker

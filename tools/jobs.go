@@ -1,6 +1,7 @@
 package tools
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"net"
@@ -10,11 +11,13 @@ import (
 
 	"github.com/mark3labs/mcp-go/mcp"
 
+	"github.com/sandbox-broker/sandbox-broker/middleware"
 	"github.com/sandbox-broker/sandbox-broker/services/brokererr"
 	"github.com/sandbox-broker/sandbox-broker/services/egress"
 	"github.com/sandbox-broker/sandbox-broker/services/identity"
 	"github.com/sandbox-broker/sandbox-broker/services/jobs"
 	"github.com/sandbox-broker/sandbox-broker/services/sandbox"
+	"github.com/sandbox-broker/sandbox-broker/services/sessions"
 	"github.com/sandbox-broker/sandbox-broker/services/workspace"
 )
 
@@ -67,26 +70,37 @@ func (n *NetworkArg) UnmarshalJSON(b []byte) error {
 	return nil
 }
 
-// MarshalJSON records the normalised policy (the audit log keeps it).
-func (n NetworkArg) MarshalJSON() ([]byte, error) { return json.Marshal(n.Policy.String()) }
+// MarshalJSON is the normalised policy as the audit log records it: the
+// mode and, for an allow-list, its allowed and denied domains.
+func (n NetworkArg) MarshalJSON() ([]byte, error) {
+	p := n.Policy
+	if p.Mode == "" {
+		p.Mode = egress.ModeNone
+	}
+	m := map[string]any{"mode": p.Mode}
+	if p.Mode == egress.ModeAllow {
+		m["allowed_domains"], m["denied_domains"] = append([]string{}, p.Allowed...), append([]string{}, p.Denied...)
+	}
+	return json.Marshal(m)
+}
 
 // JSONSchema publishes the union.
 func (NetworkArg) JSONSchema() map[string]any { return egress.JSONSchema() }
 
 // SandboxConfig is execute_code's sandbox_config.
 type SandboxConfig struct {
-	Network *NetworkArg `json:"network,omitempty" desc:"Egress: \"none\" (default), \"public\" (any public address), or {\"allowed_domains\": [\"api.example.com\", \"*.example.org\"], \"denied_domains\": [...]}. Private, loopback, link-local and metadata addresses are always refused."`
+	Network *NetworkArg `json:"network,omitempty" audit:"clear" desc:"Egress: \"none\" (default), \"public\" (any public address), or {\"allowed_domains\": [\"api.example.com\", \"*.example.org\"], \"denied_domains\": [...]}. Private, loopback, link-local and metadata addresses are always refused."`
 }
 
 // ExecuteCodeAsyncArgs are execute_code_async's arguments. The
 // timeout's upper bound is SANDBOX_MAX_TIMEOUT, added by timeoutRule.
 type ExecuteCodeAsyncArgs struct {
-	Command          string            `json:"command" validate:"required,max=65536,clean" desc:"Shell command, run with bash -c in the session's sandbox."`
+	Command          string            `json:"command" validate:"required,max=65536,clean" audit:"digest" desc:"Shell command, run with bash -c in the session's sandbox."`
 	SessionID        string            `json:"session_id,omitempty" validate:"omitempty,session_id" audit:"clear" desc:"Session to use; omit to start a new one."`
 	TimeoutSeconds   int               `json:"timeout_seconds,omitempty" validate:"omitempty,min=1" desc:"Wall-clock limit; the whole process tree is killed when it passes (default 60)."`
 	Interactive      bool              `json:"interactive,omitempty" desc:"Keep stdin open for send_stdin."`
 	WorkingDirectory string            `json:"working_directory,omitempty" validate:"omitempty,max=1024,clean" audit:"clear" desc:"Directory relative to the workspace (/mnt/data); it must stay inside it."`
-	Environment      map[string]string `json:"environment,omitempty" validate:"omitempty,max=64,dive,max=8192,clean" desc:"Extra environment variables (names [A-Za-z_][A-Za-z0-9_]*; loader, shell-startup and proxy variables are refused)."`
+	Environment      map[string]string `json:"environment,omitempty" validate:"omitempty,max=64,dive,max=8192,clean" audit:"keys" desc:"Extra environment variables (names [A-Za-z_][A-Za-z0-9_]*; loader, shell-startup and proxy variables are refused)."`
 	SandboxConfig    *SandboxConfig    `json:"sandbox_config,omitempty" audit:"clear" desc:"Per-execution sandbox settings."`
 }
 
@@ -172,6 +186,36 @@ func (j *Jobs) start(ctx context.Context, p identity.Principal, a *ExecuteCodeAs
 	if a.SandboxConfig != nil && a.SandboxConfig.Network != nil {
 		policy = a.SandboxConfig.Network.Policy
 	}
+	return j.launch(ctx, p, a.SessionID, timeout, func(lease *sessions.Lease) (jobs.StartRequest, error) {
+		spec := sandbox.JobSpec{Command: a.Command, WorkDir: wd, Env: a.Environment, Timeout: timeout, Interactive: a.Interactive}
+		var network jobs.EgressBuilder
+		if policy.Mode != egress.ModeNone && j.Egress != nil {
+			network = j.egressBuilder(p, lease, policy)
+		}
+		return jobs.StartRequest{Spec: spec, Network: policy.String(), Egress: network}, nil
+	})
+}
+
+// egressBuilder gives a job of lease's session the egress proxy for
+// policy, reporting the requests a rule refused as the job's events.
+func (j *Jobs) egressBuilder(p identity.Principal, lease *sessions.Lease, policy egress.Policy) jobs.EgressBuilder {
+	return func(deny func(jobs.EgressDenial)) (func(net.Listener), error) {
+		return j.Egress(p.ID, lease.WorkspaceID, policy, func(d egress.Decision) {
+			if !d.Allowed && d.Rule != "" { // refused by a rule, not failed
+				deny(jobs.EgressDenial{Host: d.Host, Port: d.Port, Reason: d.Reason, Rule: d.Rule})
+			}
+		})
+	}
+}
+
+// launch runs a validated job in the caller's session: it holds timeout of
+// the daily execution budget and the session, lets prepare build the job
+// (Spec, Network, Egress, the stream hooks; it may use the session, which
+// it holds), and starts it. The budget is settled and the session unpinned
+// when the job ends; the job is counted in the sandbox metrics then.
+func (j *Jobs) launch(ctx context.Context, p identity.Principal, sessionID string, timeout time.Duration,
+	prepare func(*sessions.Lease) (jobs.StartRequest, error)) (execID, sessID string, err error) {
+	e := j.Engine
 	hold, err := e.reserveExecution(ctx, p, timeout)
 	if err != nil {
 		return "", "", err
@@ -182,7 +226,7 @@ func (j *Jobs) start(ctx context.Context, p identity.Principal, a *ExecuteCodeAs
 			hold.settle(0)
 		}
 	}()
-	lease, err := e.Sessions.Acquire(ctx, p.ID, a.SessionID, true)
+	lease, err := e.Sessions.Acquire(ctx, p.ID, sessionID, true)
 	if err != nil {
 		return "", "", err
 	}
@@ -192,30 +236,45 @@ func (j *Jobs) start(ctx context.Context, p identity.Principal, a *ExecuteCodeAs
 	if !ok {
 		return "", "", brokererr.New(brokererr.NotConfigured, "this sandbox backend cannot run executions")
 	}
-	spec := sandbox.JobSpec{Command: a.Command, WorkDir: wd, Env: a.Environment, Timeout: timeout, Interactive: a.Interactive}
-	var network jobs.EgressBuilder
-	if policy.Mode != egress.ModeNone && j.Egress != nil {
-		network = func(deny func(jobs.EgressDenial)) (func(net.Listener), error) {
-			return j.Egress(p.ID, lease.WorkspaceID, policy, func(d egress.Decision) {
-				if !d.Allowed && d.Rule != "" { // refused by a rule, not failed
-					deny(jobs.EgressDenial{Host: d.Host, Port: d.Port, Reason: d.Reason, Rule: d.Rule})
-				}
-			})
-		}
-	}
-	unpin := lease.Pin()
-	started = true
-	id, err := j.Jobs.Start(ctx, jobs.StartRequest{
-		Principal: p.ID, SessionID: lease.ID, SessionKey: lease.WorkspaceID, Runner: runner, Spec: spec, Network: policy.String(), Egress: network,
-		OnEnd: func(x sandbox.JobExit) {
-			unpin()
-			hold.settle(x.Duration)
-		},
-	})
+	req, err := prepare(lease)
 	if err != nil {
 		return "", "", err
 	}
+	req.Principal, req.SessionID, req.SessionKey, req.Runner = p.ID, lease.ID, lease.WorkspaceID, runner
+	language := cmp.Or(req.Spec.Language, "shell")
+	unpin := lease.Pin()
+	started = true
+	onEnd := req.OnEnd
+	ended := make(chan sandbox.JobExit, 1)
+	req.OnEnd = func(x sandbox.JobExit) {
+		unpin()
+		hold.settle(x.Duration)
+		if onEnd != nil {
+			onEnd(x)
+		}
+		ended <- x
+	}
+	id, err := j.Jobs.Start(ctx, req)
+	if err != nil {
+		return "", "", err // it never ran: not an execution to count
+	}
+	go func() {
+		x := <-ended
+		e.observe(language, jobOutcome(x), x.Duration)
+	}()
 	return id, lease.ID, nil
+}
+
+// jobOutcome classifies a job's end for the metrics (a cancelled job ends
+// by a signal, which counts as an error).
+func jobOutcome(x sandbox.JobExit) string {
+	switch {
+	case x.TimedOut:
+		return middleware.ExecTimeout
+	case x.Err != nil || x.ExitCode != 0 || x.Signal != "":
+		return middleware.ExecError
+	}
+	return middleware.ExecOK
 }
 
 // page reads events after since and cleans their text.
@@ -263,8 +322,8 @@ func (j *Jobs) follow(ctx context.Context, p identity.Principal, id, what string
 			out, err := j.Jobs.Read(ctx, p.ID, id, jobs.ReadRequest{Since: seen, MaxEvents: maxPageEvents, MaxBytes: maxPageBytes})
 			if err == nil {
 				for _, ev := range out.Events {
-					if ev.Type == jobs.EventStdout || ev.Type == jobs.EventStderr {
-						data, _ := cleanOutput([]byte(ev.Data), maxPageBytes)
+					if text := notifyText(ev); text != "" {
+						data, _ := cleanOutput([]byte(text), maxPageBytes)
 						n.output(ctx, ev.Type, data)
 					}
 					n.progress(ctx, what+" "+ev.Type)
@@ -286,6 +345,18 @@ func (j *Jobs) follow(ctx context.Context, p identity.Principal, id, what string
 		}
 	}
 	return j.page(ctx, p, id, 0, 0)
+}
+
+// notifyText is what an event streams as a log message: output, and a
+// task's agent text, tool calls, tool results and answer.
+func notifyText(ev jobs.Event) string {
+	switch ev.Type {
+	case jobs.EventStdout, jobs.EventStderr, jobs.EventAssistant, jobs.EventToolResult, jobs.EventResult:
+		return ev.Data
+	case jobs.EventToolUse:
+		return ev.Tool + " " + ev.Data
+	}
+	return ""
 }
 
 func withHint(r ExecutionResult) ExecutionResult {
@@ -380,7 +451,7 @@ func (j *Jobs) GetExecutionOutput() ServerTool {
 // SendStdinArgs are send_stdin's arguments.
 type SendStdinArgs struct {
 	ExecutionID string `json:"execution_id" validate:"required,max=64,clean" audit:"clear" desc:"An interactive execution."`
-	InputData   string `json:"input_data" validate:"max=65536,clean" desc:"Text to write to its stdin (include \\n to end a line)."`
+	InputData   string `json:"input_data" validate:"max=65536,clean" audit:"digest" desc:"Text to write to its stdin (include \\n to end a line)."`
 	Close       bool   `json:"close,omitempty" desc:"Close stdin after writing (end of input)."`
 }
 

@@ -56,7 +56,7 @@ func (pr *Projects) ready() error {
 type CreateProjectArgs struct {
 	ProjectName  string            `json:"project_name" validate:"required,identifier" audit:"clear" desc:"1-50 characters of A-Z a-z 0-9 _ -."`
 	Template     string            `json:"template" validate:"required,oneof=react next vue node" audit:"clear" desc:"Starter: react, next, vue or node."`
-	InitialFiles map[string]string `json:"initial_files,omitempty" validate:"omitempty,max=20" desc:"Files to write over the starter: relative path → content (at most 20 files of 1 MB). Paths under .env, .git, node_modules and .codesandbox are refused."`
+	InitialFiles map[string]string `json:"initial_files,omitempty" validate:"omitempty,max=20" audit:"keys" desc:"Files to write over the starter: relative path → content (at most 20 files of 1 MB). Paths under .env, .git, node_modules and .codesandbox are refused."`
 }
 
 // CreateSandboxForProject creates a project sandbox from a template.
@@ -93,7 +93,7 @@ func (pr *Projects) CreateSandboxForProject() ServerTool {
 // WriteFilesArgs are write_files_to_sandbox's arguments.
 type WriteFilesArgs struct {
 	SandboxID string            `json:"sandbox_id" validate:"required,max=64,clean" audit:"clear" desc:"A sandbox of yours (list_sandboxes)."`
-	Files     map[string]string `json:"files" validate:"required,min=1,max=10" desc:"Relative path → content, at most 10 files of 500 KB."`
+	Files     map[string]string `json:"files" validate:"required,min=1,max=10" audit:"keys" desc:"Relative path → content, at most 10 files of 500 KB."`
 }
 
 // WriteFilesToSandbox writes files into a project sandbox.

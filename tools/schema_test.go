@@ -24,6 +24,7 @@ var validArgs = map[string]string{
 	"list_artifacts":             `{"session_id":"s1"}`,
 	"read_artifact":              `{"session_id":"s1","path":"a.txt"}`,
 	"upload_file":                `{"path":"a.txt","content":"x"}`,
+	"create_upload_url":          `{"path":"a.txt"}`,
 	"cancel_execution":           `{"execution_id":"e1"}`,
 	"execute_code":               `{"command":"true"}`,
 	"execute_code_async":         `{"command":"true"}`,
@@ -39,6 +40,9 @@ var validArgs = map[string]string{
 	"commit_session_files":       `{"repo_id":"r","branch":"b","session_id":"s1","paths":["a.txt"],"commit_message":"m"}`,
 	"read_github_file":           `{"repo_id":"r","file_path":"a.txt"}`,
 	ResourceRead:                 `{"uri":"sandbox://sessions/s1/files/a.txt"}`,
+	"execute_task":               `{"task":"t"}`,
+	"get_files":                  `{"session_id":"s1","paths":["a.txt"]}`,
+	"cleanup_session":            `{"session_id":"s1"}`,
 }
 
 // fieldBases replace the base for one field whose rule excludes another

@@ -36,6 +36,7 @@ const (
 	ServiceSandbox  Service = "sandbox backend"
 	ServiceProjects Service = "project provider"
 	ServiceGitHub   Service = "GitHub allow-list"
+	ServiceModels   Service = "model gateway" // agent tasks
 )
 
 // ReadOnly reports the tool's readOnlyHint, the single source of truth for
@@ -207,6 +208,7 @@ func (g *Group) Enable(names []string, readOnly bool) ([]ServerTool, error) {
 				return nil, fmt.Errorf("tool %s is defined twice", t.Tool.Name)
 			}
 			seen[t.Tool.Name] = true
+			t.Args.Toolset = ts.Name // for the audit rows
 			out = append(out, t)
 		}
 	}
@@ -237,6 +239,7 @@ func (g *Group) Resources(names []string) []ServerResource {
 		for _, r := range ts.resources {
 			if raw := r.Template.URITemplate.Raw(); !seen[raw] {
 				seen[raw] = true
+				r.Read.Args.Toolset = ts.Name // the first that carries it
 				out = append(out, r)
 			}
 		}

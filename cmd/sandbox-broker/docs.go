@@ -6,10 +6,12 @@ import (
 	"io"
 	"os"
 
+	"github.com/sandbox-broker/sandbox-broker/services/console"
 	"github.com/sandbox-broker/sandbox-broker/tools"
 )
 
-// docsCmd regenerates the README's tool table from the tool definitions;
+// docsCmd regenerates the README's tool table from the tool definitions,
+// and its connect guides from the console's (services/console/guides.md);
 // with --check it fails when the README is stale.
 func docsCmd(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("docs", flag.ContinueOnError)
@@ -25,6 +27,9 @@ func docsCmd(args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	updated, err := tools.ReplaceDocs(string(old), tools.DocsMarkdown(tools.DefaultGroup(tools.Deps{})))
+	if err == nil {
+		updated, err = console.ReplaceReadmeGuides(updated)
+	}
 	if err != nil {
 		fmt.Fprintln(stderr, "docs:", err)
 		return 2
@@ -34,7 +39,7 @@ func docsCmd(args []string, stdout, stderr io.Writer) int {
 		return 0
 	}
 	if *check {
-		fmt.Fprintln(stderr, "docs: README tool table is stale; run: go run ./cmd/sandbox-broker docs")
+		fmt.Fprintln(stderr, "docs: README tool table or connect guides are stale; run: go run ./cmd/sandbox-broker docs")
 		return 1
 	}
 	if err := os.WriteFile(*readme, []byte(updated), 0o644); err != nil {

@@ -20,7 +20,7 @@ const usage = `usage:
   sandbox-broker serve [--transport stdio|http] [--addr host:port] [--root dir] [--toolsets a,b] [--read-only] [--log-level lvl]
   sandbox-broker audit verify [--root dir | --db file]
   sandbox-broker audit tail [-n N] [--root dir | --db file]
-  sandbox-broker audit export --format jsonl [--root dir | --db file]
+  sandbox-broker audit export --format jsonl [--since seq] [--follow] [--root dir | --db file]
   sandbox-broker init [--dir dir] [--force] [--show-token]   (writes .env with fresh secrets for docker compose)
   sandbox-broker docs [--readme README.md] [--check]
   sandbox-broker version

@@ -26,6 +26,7 @@ import (
 	"github.com/sandbox-broker/sandbox-broker/services/identity"
 	"github.com/sandbox-broker/sandbox-broker/services/jobs"
 	"github.com/sandbox-broker/sandbox-broker/services/logging"
+	"github.com/sandbox-broker/sandbox-broker/services/modelgw"
 	"github.com/sandbox-broker/sandbox-broker/services/projects"
 	"github.com/sandbox-broker/sandbox-broker/services/quota"
 	"github.com/sandbox-broker/sandbox-broker/services/rootfs"
@@ -43,8 +44,10 @@ type Broker struct {
 	log       zerolog.Logger
 	redactor  *redact.Redactor
 	audit     *audit.Log
+	auditKeys audit.Keys // the web console's "verify now"
 	quota     *quota.Store
 	metrics   *middleware.Metrics
+	pm        *productMetrics
 	tokens    *identity.Registry // nil on stdio
 	oauth     *brokerOAuth       // nil unless OAuth is on (HTTP only)
 	mcp       *server.MCPServer
@@ -73,6 +76,12 @@ type Broker struct {
 	health     healthCache
 	egress     egressQuotas
 	refusals   *httpRefusals
+	decisions  decisionLog // the reaper's and egress proxies', for the operator view
+
+	// Agent tasks: the model gateway's budget store (nil without tasks);
+	// the sandbox metrics.
+	modelBudget    *modelgw.Budget
+	sandboxMetrics *middleware.SandboxMetrics
 }
 
 // Options are what the caller supplies besides Config.
@@ -119,6 +128,13 @@ func New(ctx context.Context, cfg config.Config, opts Options) (b *Broker, err e
 		return nil, err
 	}
 	secrets = append(secrets, ghTokens...)
+	agentKeys, err := loadAgentKeys(cfg)
+	if err != nil {
+		return nil, err
+	}
+	for _, k := range agentKeys {
+		secrets = append(secrets, k)
+	}
 	if cfg.Transport == "http" {
 		var token string
 		if b.tokens, token, err = loadTokens(cfg, opts.Notice); err != nil {
@@ -131,6 +147,7 @@ func New(ctx context.Context, cfg config.Config, opts Options) (b *Broker, err e
 		return nil, fmt.Errorf("audit keys: %w", err)
 	}
 	secrets = append(secrets, string(keys.HMACKey), hex.EncodeToString(keys.HMACKey))
+	b.auditKeys = keys
 	fileKeys, err := b.openSigner(cfg)
 	if err != nil {
 		return nil, err
@@ -153,6 +170,13 @@ func New(ctx context.Context, cfg config.Config, opts Options) (b *Broker, err e
 		return nil, fmt.Errorf("open state store: %w", err)
 	}
 	b.metrics = middleware.NewMetrics()
+	b.sandboxMetrics = b.metrics.NewSandboxMetrics(func() int {
+		if b.sandboxes == nil {
+			return 0
+		}
+		return b.sandboxes.Active()
+	})
+	b.pm = b.registerMetrics(b.metrics.Registry)
 	b.checks = []check{{"audit_log", b.audit.Ping}, {"state_store", b.quota.Ping}, {"storage", storageCheck(cfg.Root)}}
 	if err := b.openOAuth(ctx, cfg); err != nil {
 		return nil, fmt.Errorf("oauth: %w", err)
@@ -167,11 +191,15 @@ func New(ctx context.Context, cfg config.Config, opts Options) (b *Broker, err e
 	eng := b.engine(cfg)
 	runs := &tools.Jobs{Engine: eng, Jobs: b.jobs, Egress: b.egressFor}
 	gh, sf := b.githubDeps()
+	tasks, err := b.openTasks(ctx, cfg, runs, agentKeys, b.backend != nil && b.backend.Name() == "docker")
+	if err != nil {
+		return nil, err
+	}
 	deps := tools.Deps{Usage: b.quota, Limits: b.limits, Engine: eng,
 		Jobs: runs, Projects: &tools.Projects{Manager: b.projects, Runs: runs, BuildWait: time.Duration(cfg.BuildWaitS) * time.Second, Redact: b.redactor.String},
-		GitHub: gh, SessionFiles: sf}
+		GitHub: gh, SessionFiles: sf, Tasks: tasks}
 	group := tools.DefaultGroup(deps)
-	b.markUnconfigured(group, cfg)
+	b.markUnconfigured(group, cfg, tasks)
 	if b.tools, err = group.Enable(cfg.Toolsets, cfg.ReadOnly); err != nil {
 		return nil, err
 	}
@@ -193,18 +221,7 @@ func (b *Broker) newMCPServer() *server.MCPServer {
 	for _, r := range b.resources {
 		specs[r.Read.Tool.Name] = r.Read.Args
 	}
-	chain := middleware.Chain(middleware.Deps{
-		Specs:    func(name string) (middleware.ArgSpec, bool) { s, ok := specs[name]; return s, ok },
-		Limits:   b.limits,
-		Limiter:  b.quota,
-		Audit:    b.audit,
-		Metrics:  b.metrics,
-		Redactor: b.redactor,
-		Log:      logging.Component(b.log, "tools"),
-		// 5 rows/s with a burst of 50 per principal keeps every refusal of
-		// normal clients while bounding a flood.
-		Rejections: middleware.NewRejectionThrottle(5, 50),
-	})
+	chain := b.toolChain(specs)
 	opts := []server.ServerOption{
 		server.WithToolCapabilities(false),
 		server.WithResourceCapabilities(false, false),
@@ -233,6 +250,23 @@ func (b *Broker) newMCPServer() *server.MCPServer {
 	}
 	b.addHealthResource(s)
 	return s
+}
+
+// toolChain is the middleware every tool call goes through, for tools
+// with the given argument specs.
+func (b *Broker) toolChain(specs map[string]middleware.ArgSpec) []server.ToolHandlerMiddleware {
+	return middleware.Chain(middleware.Deps{
+		Specs:    func(name string) (middleware.ArgSpec, bool) { s, ok := specs[name]; return s, ok },
+		Limits:   b.limits,
+		Limiter:  b.quota,
+		Audit:    b.auditor(),
+		Metrics:  b.metrics,
+		Redactor: b.redactor,
+		Log:      logging.Component(b.log, "tools"),
+		// 5 rows/s with a burst of 50 per principal keeps every refusal of
+		// normal clients while bounding a flood.
+		Rejections: middleware.NewRejectionThrottle(5, 50),
+	})
 }
 
 // MCPServer exposes the assembled server, for in-process clients in tests.
@@ -269,6 +303,9 @@ func (b *Broker) Close() error {
 	}
 	if b.quota != nil {
 		errs = append(errs, b.quota.Close())
+	}
+	if b.modelBudget != nil {
+		errs = append(errs, b.modelBudget.Close())
 	}
 	return errors.Join(errs...)
 }

@@ -51,10 +51,16 @@ func (e *egressQuotas) get(key string, maxConns int, maxBytes int64) *egress.Quo
 func (b *Broker) egressFor(principal, sessionKey string, policy egress.Policy, onDecision func(egress.Decision)) (func(net.Listener), error) {
 	log := logging.Component(b.log, "egress").With().Str("principal", principal).Str("workspace", sessionKey).Logger()
 	p, err := egress.New(egress.Options{
-		Policy:     policy,
-		Quota:      b.egress.get(sessionKey, b.cfg.EgressMaxConns, b.cfg.EgressMaxMB<<20),
-		Log:        log,
-		OnDecision: onDecision,
+		Policy: policy,
+		Quota:  b.egress.get(sessionKey, b.cfg.EgressMaxConns, b.cfg.EgressMaxMB<<20),
+		Log:    log,
+		OnDecision: func(d egress.Decision) {
+			b.decisions.egress(principal, d)
+			b.pm.egressDecision(d)
+			if onDecision != nil {
+				onDecision(d)
+			}
+		},
 	})
 	if err != nil {
 		return nil, err

@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"net/http"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -55,9 +56,10 @@ func (b *Broker) openSigner(cfg config.Config) ([]string, error) {
 }
 
 // openEngine starts the sandbox backend, the session and job stores and
-// the project provider. A missing backend is not fatal: the broker serves
-// its other tools, the sandbox tools are not listed, and /readyz reports
-// the backend as failing.
+// the project provider. A backend the operator named (docker, process)
+// must start, or the broker does not; with auto, a missing backend is not
+// fatal: the broker serves its other tools, the sandbox tools are not
+// listed, and /readyz reports the backend as failing.
 func (b *Broker) openEngine(ctx context.Context, cfg config.Config) error {
 	if cfg.Backend == "none" { // hosted project sandboxes still work
 		return b.openProjects(ctx, cfg, "", false)
@@ -74,6 +76,9 @@ func (b *Broker) openEngine(ctx context.Context, cfg config.Config) error {
 	// half the CPUs.
 	b.warmups = sandbox.NewWarmups(runtime.NumCPU()/2, 500*time.Millisecond)
 	eng, dockerOK, err := b.openBackend(ctx, cfg, agentBin)
+	if err != nil && cfg.Backend != "auto" {
+		return fmt.Errorf("SANDBOX_BACKEND=%s cannot be used (set SANDBOX_BACKEND=auto to start without it): %s", cfg.Backend, causeText(b.redactor, err, 300))
+	}
 	if err != nil {
 		b.log.Error().Str("backend", cfg.Backend).Str("cause", causeText(b.redactor, err, 300)).Msg("sandbox_backend_unavailable")
 		b.checks = append(b.checks, check{"sandbox_backend", func(context.Context) error { return err }})
@@ -88,6 +93,7 @@ func (b *Broker) openEngine(ctx context.Context, cfg config.Config) error {
 		IdleTimeout: time.Duration(cfg.IdleTimeoutMS) * time.Millisecond,
 		MaxAge:      time.Duration(cfg.MaxAgeS) * time.Second,
 		OnCreate:    b.reserveSandbox,
+		OnReap:      b.decisions.reaped,
 		Log:         logging.Component(b.log, "sessions"),
 	})
 	if err != nil {
@@ -143,7 +149,7 @@ func (b *Broker) every(interval time.Duration, fn func(context.Context)) {
 // machine works out of the box. dockerOK says Docker is the backend.
 func (b *Broker) openBackend(ctx context.Context, cfg config.Config, agentBin string) (sandbox.Backend, bool, error) {
 	if cfg.Backend == "docker" || cfg.Backend == "auto" {
-		eng, err := docker.New(ctx, docker.Options{
+		o := docker.Options{
 			Root:        cfg.Root,
 			AgentBinary: agentBin,
 			PoolSize:    cfg.PoolSize,
@@ -158,10 +164,13 @@ func (b *Broker) openBackend(ctx context.Context, cfg config.Config, agentBin st
 			IdleTimeout: time.Duration(cfg.IdleTimeoutMS) * time.Millisecond,
 			IdleRelease: time.Duration(cfg.IdleReleaseMS) * time.Millisecond,
 			Warmups:     b.warmups,
+			OnAcquire:   b.pm.acquired,
 			Log:         b.log, // the engine names its component
 			WorkspaceLimits: workspace.Limits{MaxFiles: cfg.MaxFiles, MaxBytes: cfg.MaxWorkspaceMB << 20,
 				MaxFileBytes: min(cfg.MaxWorkspaceMB<<20, 64<<20)},
-		})
+		}
+		agentEngineOptions(cfg, &o)
+		eng, err := docker.New(ctx, o)
 		if err == nil {
 			b.poolStats = func() map[string]int { return eng.Stats().PoolReady }
 			return eng, true, nil
@@ -237,7 +246,7 @@ func (b *Broker) reserveSandbox(ctx context.Context, principal string) error {
 }
 
 func (b *Broker) engine(cfg config.Config) *tools.Engine {
-	e := &tools.Engine{URLs: b.signer, Exec: b.quota, Limits: b.limits, Redact: b.redactor.String,
+	e := &tools.Engine{URLs: b.signer, Exec: b.quota, Limits: b.limits, Redact: b.redactor.String, Metrics: b.sandboxMetrics,
 		DefaultTimeout: time.Duration(cfg.TimeoutS) * time.Second, MaxTimeout: time.Duration(cfg.MaxTimeoutS) * time.Second,
 		MaxLinkBytes: linkCap(cfg)}
 	if b.sandboxes != nil {
@@ -295,7 +304,9 @@ func (b *Broker) openProjects(ctx context.Context, cfg config.Config, agentBin s
 			return err
 		}
 		p, err = codesandbox.NewProvider(codesandbox.ProviderOptions{
-			API:       codesandbox.Options{BaseURL: cfg.CSBAPIURL, APIKey: cfg.CSBAPIKey.Reveal()},
+			API: codesandbox.Options{BaseURL: cfg.CSBAPIURL, APIKey: cfg.CSBAPIKey.Reveal(), HTTP: &http.Client{
+				Transport:     b.pm.instrument("codesandbox", nil),
+				CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}},
 			Templates: tpl,
 			Log:       b.log,
 		})

@@ -3,6 +3,7 @@ package broker
 import (
 	"context"
 	"fmt"
+	"net/http"
 	"os"
 	"strings"
 	"time"
@@ -35,7 +36,8 @@ func (b *Broker) openGitHub(ctx context.Context, cfg config.Config, repos []gith
 	if len(repos) == 0 {
 		return nil
 	}
-	m, err := github.New(ctx, github.Options{APIURL: cfg.GitHubAPIURL, Repos: repos, Log: logging.Component(b.log, "github")})
+	m, err := github.New(ctx, github.Options{APIURL: cfg.GitHubAPIURL, Repos: repos, Log: logging.Component(b.log, "github"),
+		HTTP: &http.Client{Transport: b.pm.instrument("github", nil)}})
 	if err != nil {
 		return fmt.Errorf("github: %w", err)
 	}

@@ -19,6 +19,8 @@ import (
 	"github.com/mark3labs/mcp-go/server"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/sandbox-broker/sandbox-broker/audit"
+	"github.com/sandbox-broker/sandbox-broker/middleware"
 	"github.com/sandbox-broker/sandbox-broker/services/connguard"
 	"github.com/sandbox-broker/sandbox-broker/services/identity"
 	"github.com/sandbox-broker/sandbox-broker/services/logging"
@@ -32,6 +34,7 @@ import (
 //	/healthz           liveness, no auth
 //	/readyz            readiness with per-component status, no auth
 //	/metrics           Prometheus, bearer auth
+//	/, /console/       the web console (services/console)
 func (b *Broker) HTTPHandler() http.Handler {
 	mcpHTTP := server.NewStreamableHTTPServer(b.mcp,
 		server.WithSessionIdManager(newSessionIDs()),
@@ -39,6 +42,9 @@ func (b *Broker) HTTPHandler() http.Handler {
 		server.WithHeartbeatInterval(25*time.Second),
 		server.WithStreamableHTTPLogger(logging.Slog(logging.Component(b.log, "mcp_http"))),
 		server.WithHTTPContextFunc(func(ctx context.Context, r *http.Request) context.Context {
+			// The user agent is the client's to choose: the audit log
+			// cleans and caps it.
+			ctx = middleware.WithSource(ctx, audit.Source{Transport: "http", ClientAddr: r.RemoteAddr, UserAgent: r.UserAgent()})
 			// The auth layer already put the principal on r's context.
 			if p, ok := identity.FromContext(r.Context()); ok {
 				return identity.WithPrincipal(ctx, p)
@@ -49,6 +55,8 @@ func (b *Broker) HTTPHandler() http.Handler {
 	mcpHandler := b.sessions.bind(b.limitBody(mcpHTTP))
 
 	mux := http.NewServeMux()
+	var self http.Handler
+	b.mountConsole(mux, func() http.Handler { return self })
 	mux.Handle("/mcp", b.authenticate(mcpHandler))
 	mux.Handle("GET /mcp/events", b.authenticate(mcpHandler))
 	mux.Handle("GET /metrics", b.authenticate(promhttp.HandlerFor(b.metrics.Registry, promhttp.HandlerOpts{})))
@@ -66,7 +74,8 @@ func (b *Broker) HTTPHandler() http.Handler {
 	})
 	// Signed downloads bypass the mux, which would clean their raw paths;
 	// everything else must already be canonical (the mux never redirects).
-	return b.boundBody(b.checkHostOrigin(securityHeaders(b.requireCanonicalPath(b.filesHandler().Intercept(mux)))))
+	self = b.boundBody(b.checkHostOrigin(securityHeaders(b.requireCanonicalPath(b.filesHandler().Intercept(mux)))))
+	return self
 }
 
 // requireCanonicalPath refuses, with 403, a request whose path is not

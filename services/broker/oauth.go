@@ -60,7 +60,7 @@ func (b *Broker) openOAuth(ctx context.Context, cfg config.Config) error {
 		}
 		o.server, err = oauth.NewServer(oauth.Config{
 			Issuer: issuer, Resource: resource, AccessTTL: accessTTL, RefreshTTL: time.Duration(cfg.OAuthRefreshTTLS) * time.Second,
-			Store: store, Keys: keys, Principals: b.tokens, Audit: b.audit, Throttle: o.throttle, Log: log,
+			Store: store, Keys: keys, Principals: b.tokens, Audit: b.auditor(), Throttle: o.throttle, Log: log,
 		})
 		if err != nil {
 			store.Close()
@@ -165,7 +165,7 @@ func (b *Broker) principalFor(r *http.Request, token string) (p identity.Princip
 
 // auditBearerRefusal writes the (throttled) row of a refused OAuth token.
 func (b *Broker) auditBearerRefusal(r *http.Request, e *oauth.TokenError) {
-	if oauth.AuditRefusal(r.Context(), b.audit, b.oauth.throttle, e, r.URL.Path) {
+	if oauth.AuditRefusal(r.Context(), b.auditor(), b.oauth.throttle, e, r.URL.Path) {
 		b.log.Error().Msg("oauth_audit_failed")
 	}
 }

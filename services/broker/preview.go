@@ -85,6 +85,22 @@ func (s *previewSite) hostFor(hostport string) (id string, ok bool) {
 	return id, found && rest == s.host && files.ValidWorkspaceID(id)
 }
 
+// cookie is the preview cookie: host-only, path-scoped and HttpOnly.
+// Where browsers allow Secure cookies (https, and names under localhost,
+// which they treat as secure) it is SameSite=None and Partitioned (CHIPS):
+// a preview the web console frames is a third party there, and its own
+// requests carry the cookie only under the top-level site that opened it,
+// so no other site that frames or links the preview gets it. Elsewhere it
+// is Strict, which is enough for a preview opened in a tab of its own.
+func (s *previewSite) cookie(proof, scope string, exp time.Time, tls bool) *http.Cookie {
+	c := &http.Cookie{Name: previewCookie, Value: proof, Path: scope, Expires: exp,
+		MaxAge: int(time.Until(exp).Seconds()), HttpOnly: true, Secure: tls || s.scheme == "https", SameSite: http.SameSiteStrictMode}
+	if c.Secure || s.host == "localhost" || strings.HasSuffix(s.host, ".localhost") {
+		c.Secure, c.SameSite, c.Partitioned = true, http.SameSiteNoneMode, true
+	}
+	return c
+}
+
 // isPreviewOrigin reports whether a browser Origin is a preview's.
 func (b *Broker) isPreviewOrigin(u *url.URL) bool {
 	s := b.preview.Load()
@@ -233,11 +249,7 @@ func (b *Broker) previewHandler(ps projects.PreviewServer) http.Handler {
 		}
 		connguard.Trust(r.Context())
 		if fromQuery {
-			// Host-only and path-scoped; Strict, since the page's own
-			// requests are same-site now that it keeps its origin.
-			secure := r.TLS != nil || site.scheme == "https"
-			http.SetCookie(w, &http.Cookie{Name: previewCookie, Value: proof, Path: scope, Expires: exp,
-				MaxAge: int(time.Until(exp).Seconds()), HttpOnly: true, Secure: secure, SameSite: http.SameSiteStrictMode})
+			http.SetCookie(w, site.cookie(proof, scope, exp, r.TLS != nil))
 		}
 		h, err := ps.Preview(r.Context(), id)
 		if err != nil {

@@ -2,9 +2,11 @@ package broker
 
 import (
 	"net"
+	"net/http"
 	"net/url"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/sandbox-broker/sandbox-broker/services/files"
 )
@@ -87,4 +89,35 @@ func FuzzPreviewHost(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestPreviewCookieAttributes: partitioned SameSite=None where browsers
+// take Secure cookies (https, localhost names), so the console's preview
+// frame gets its cookie under the console's site only; Strict elsewhere.
+func TestPreviewCookieAttributes(t *testing.T) {
+	exp := time.Now().Add(time.Hour)
+	for _, tc := range []struct {
+		base        string
+		tls         bool
+		partitioned bool
+	}{
+		{"http://*.localhost:8081", false, true},
+		{"http://localhost:8081", false, true},
+		{"https://*.preview.example.net", false, true},
+		{"http://preview.internal:8081", true, true}, // TLS terminated here
+		{"http://preview.internal:8081", false, false},
+	} {
+		site, err := parsePreviewSite(tc.base)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c := site.cookie("exp=1&sig=x", "/preview/abc/", exp, tc.tls)
+		if !c.HttpOnly || c.Path != "/preview/abc/" || c.Domain != "" {
+			t.Errorf("%s: %+v", tc.base, c)
+		}
+		if tc.partitioned && (!c.Partitioned || !c.Secure || c.SameSite != http.SameSiteNoneMode) ||
+			!tc.partitioned && (c.Partitioned || c.Secure || c.SameSite != http.SameSiteStrictMode) {
+			t.Errorf("%s (tls %v): secure %v partitioned %v samesite %v", tc.base, tc.tls, c.Secure, c.Partitioned, c.SameSite)
+		}
+	}
 }

@@ -14,7 +14,6 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
-	"net"
 	"net/http"
 	"net/url"
 	"regexp"
@@ -24,6 +23,7 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/sandbox-broker/sandbox-broker/config"
 	"github.com/sandbox-broker/sandbox-broker/services/brokererr"
 )
 
@@ -135,21 +135,13 @@ func parseBaseURL(s string) (*url.URL, error) {
 	switch u.Scheme {
 	case "https":
 	case "http":
-		if !isLoopback(u.Hostname()) {
+		if !config.IsLoopbackHost(u.Hostname()) {
 			return nil, errors.New("codesandbox: BaseURL must use https (http only for loopback)")
 		}
 	default:
 		return nil, errors.New("codesandbox: BaseURL must use https")
 	}
 	return u, nil
-}
-
-func isLoopback(host string) bool {
-	if host == "localhost" {
-		return true
-	}
-	ip := net.ParseIP(host)
-	return ip != nil && ip.IsLoopback()
 }
 
 // Sandbox IDs go into URL paths, so they are checked, never escaped into

@@ -15,6 +15,7 @@ import (
 	"github.com/rs/zerolog"
 	"github.com/vmihailenco/msgpack/v5"
 
+	"github.com/sandbox-broker/sandbox-broker/config"
 	"github.com/sandbox-broker/sandbox-broker/services/brokererr"
 )
 
@@ -277,7 +278,7 @@ func agentURL(pitcherURL string, token Secret) (*url.URL, error) {
 	}
 	switch {
 	case u.Scheme == "wss" || u.Scheme == "https":
-	case (u.Scheme == "ws" || u.Scheme == "http") && isLoopback(u.Hostname()):
+	case (u.Scheme == "ws" || u.Scheme == "http") && config.IsLoopbackHost(u.Hostname()):
 	default:
 		return nil, brokererr.New(brokererr.Unavailable, "CodeSandbox returned an agent URL that is not wss or https")
 	}

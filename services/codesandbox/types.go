@@ -5,21 +5,15 @@ import (
 	"encoding/json"
 	"fmt"
 	"time"
+
+	"github.com/sandbox-broker/sandbox-broker/config"
 )
 
 // Secret is a credential from the API (pitcher, reconnect, pint and preview
-// tokens). It prints and marshals as "[redacted]" so a stray %v or log
-// field cannot leak it; Reveal gives the value to the one place that sends it.
-type Secret string
-
-// Reveal returns the secret's value.
-func (s Secret) Reveal() string { return string(s) }
-
-func (s Secret) String() string   { return "[redacted]" }
-func (s Secret) GoString() string { return "[redacted]" }
-
-// MarshalJSON keeps secrets out of JSON logs and dumps.
-func (s Secret) MarshalJSON() ([]byte, error) { return json.Marshal("[redacted]") }
+// tokens): the broker's one secret string type, which prints and marshals
+// as "[REDACTED]" so a stray %v or log field cannot leak it; Reveal gives
+// the value to the one place that sends it.
+type Secret = config.Secret
 
 // Privacy values of a sandbox (codesandbox-api.md §2.3).
 const (

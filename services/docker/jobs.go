@@ -8,7 +8,6 @@ import (
 	"os"
 	"path"
 	"path/filepath"
-	"sort"
 	"strings"
 	"sync"
 	"time"
@@ -41,15 +40,10 @@ func (s *Session) StartJob(ctx context.Context, spec sandbox.JobSpec, sink sandb
 	if timeout > agent.MaxTimeoutMS*time.Millisecond {
 		return nil, brokererr.New(brokererr.InvalidInput, "the timeout may be at most %s", agent.MaxTimeoutMS*time.Millisecond)
 	}
-	env := make([]string, 0, len(spec.Env))
-	for k, v := range spec.Env {
-		env = append(env, k+"="+v)
-	}
-	sort.Strings(env)
 
 	req := agent.JobRequest{
 		Command:     spec.Command,
-		Env:         env,
+		Env:         spec.EnvList(),
 		TimeoutMS:   max(timeout.Milliseconds(), 1),
 		Interactive: spec.Interactive,
 	}
@@ -77,7 +71,7 @@ func (s *Session) startJobLocked(ctx context.Context, spec sandbox.JobSpec, req 
 	if err != nil {
 		return nil, err
 	}
-	w, err := s.openWorkspace(ctx)
+	w, err := s.OpenWorkspace(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -236,7 +230,7 @@ type egressSocket struct {
 }
 
 func newEgressSocket(runDir string, uid int) (*egressSocket, error) {
-	name := "egress-" + newID() + ".sock"
+	name := "egress-" + sandbox.NewID() + ".sock"
 	p := filepath.Join(runDir, name)
 	ln, err := agent.ListenSocket(p)
 	if err != nil {

@@ -238,7 +238,7 @@ func (e *Engine) newPoolContainer(ctx context.Context, lang string) (*ctr, error
 	if err != nil {
 		return nil, err
 	}
-	id := newID()
+	id := sandbox.NewID()
 	uid, err := e.o.UIDs.Lease(ctx, e.poolKey(id))
 	if err != nil {
 		slot.Release()
@@ -291,6 +291,12 @@ func (e *Engine) takeSlot(ctx context.Context, forSession bool) (*sandbox.Slot, 
 	// containers go when sessions close or jobs end.
 	err = err.WithRetryAfter(max(e.o.Slots.RetryAfter(time.Now()), 0))
 	return nil, err
+}
+
+func (e *Engine) acquired(lang, source string, d time.Duration) {
+	if e.o.OnAcquire != nil {
+		e.o.OnAcquire(lang, source, d)
+	}
 }
 
 // Stats counts how session containers were obtained.
@@ -374,6 +380,7 @@ func (e *Engine) acquire(ctx context.Context, r runnerImage, ref sandbox.Session
 	d := time.Since(start)
 	e.st.colds.Add(1)
 	e.st.last.Store(int64(d))
+	e.acquired(r.Language, "cold", d)
 	e.log.Debug().Str("language", r.Language).Str("container", shortID(c.dockerID)).Dur("cold_start", d).Msg("started sandbox")
 	return c, nil
 }
@@ -406,6 +413,7 @@ func (e *Engine) claim(ctx context.Context, p *pool, r runnerImage, ref sandbox.
 			d := time.Since(start)
 			e.st.claims.Add(1)
 			e.st.lastClaim.Store(int64(d))
+			e.acquired(r.Language, "pool", d)
 			e.log.Debug().Str("language", r.Language).Str("container", shortID(c.dockerID)).Dur("claim", d).Msg("claimed pooled sandbox")
 			return c
 		}

@@ -161,7 +161,7 @@ func TestOrphanSweep(t *testing.T) {
 	needRunner(t, e0, "python")
 	r, _ := e0.runner(context.Background(), "python")
 	root := t.TempDir()
-	id := newID()
+	id := sandbox.NewID()
 	runDir := filepath.Join(root, "run", id)
 	if err := os.MkdirAll(runDir, 0o700); err != nil {
 		t.Fatal(err)

@@ -3,10 +3,8 @@ package docker
 import (
 	"context"
 	"errors"
-	"io/fs"
 	"os"
-	"path"
-	"strings"
+	"slices"
 	"sync"
 	"time"
 
@@ -21,8 +19,9 @@ import (
 // Session is one session's sandbox: one container per language, created on
 // the first Exec of that language. It implements sandbox.Session.
 type Session struct {
-	e   *Engine
-	ref sandbox.SessionRef
+	workspace.Files // WriteFile, ReadFile, ListFiles
+	e               *Engine
+	ref             sandbox.SessionRef
 
 	mu        sync.Mutex
 	ctrs      map[string]*ctr
@@ -36,11 +35,8 @@ var _ sandbox.Session = (*Session)(nil)
 
 // Open implements sandbox.Backend. No container is started until Exec.
 func (e *Engine) Open(ctx context.Context, ref sandbox.SessionRef) (sandbox.Session, error) {
-	if !validWorkspaceID(ref.WorkspaceID) {
-		return nil, brokererr.New(brokererr.InvalidInput, "invalid workspace id")
-	}
-	if ref.Dir == "" || !strings.HasPrefix(ref.Dir, "/") || path.Clean(ref.Dir) != ref.Dir {
-		return nil, brokererr.New(brokererr.InternalError, "workspace dir must be a clean absolute path")
+	if err := sandbox.CheckRef(ref); err != nil {
+		return nil, err
 	}
 	e.mu.Lock()
 	closed := e.closed
@@ -48,24 +44,32 @@ func (e *Engine) Open(ctx context.Context, ref sandbox.SessionRef) (sandbox.Sess
 	if closed {
 		return nil, brokererr.New(brokererr.Unavailable, "the Docker engine is shut down")
 	}
-	return &Session{e: e, ref: ref, ctrs: map[string]*ctr{}, kernel: e.kernels.Get(ref.WorkspaceID)}, nil
+	s := &Session{e: e, ref: ref, ctrs: map[string]*ctr{}, kernel: e.kernels.Get(ref.WorkspaceID)}
+	s.Files = workspace.Files{Backend: e.Name(), Dir: ref.Dir, Limits: e.o.WorkspaceLimits, Hold: s.hold,
+		Owner: func(ctx context.Context) (int, int, error) {
+			uid, err := s.uidLocked(ctx)
+			return uid, uid, err
+		}}
+	return s, nil
 }
 
-func validWorkspaceID(s string) bool {
-	if s == "" || len(s) > 64 || s == "pool" || s == "probe" {
-		return false
+// hold is Files.Hold: file calls take the session lock, so they never
+// overlap a run (whose changed files are what it wrote).
+func (s *Session) hold() (func(), error) {
+	s.mu.Lock()
+	if s.destroyed {
+		s.mu.Unlock()
+		return nil, brokererr.New(brokererr.SandboxNotFound, "the sandbox was destroyed")
 	}
-	for _, c := range s {
-		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_') {
-			return false
-		}
-	}
-	return true
+	return s.mu.Unlock, nil
 }
 
 // Exec runs code in the session's container for req.Language.
 func (s *Session) Exec(ctx context.Context, req sandbox.ExecRequest) (sandbox.ExecResult, error) {
 	e := s.e
+	if slices.Contains(e.o.JobLanguages, req.Language) {
+		return sandbox.ExecResult{}, brokererr.New(brokererr.UnknownLanguage, "the %s runner runs only executions, not code", req.Language)
+	}
 	r, err := e.runner(ctx, req.Language)
 	if err != nil {
 		return sandbox.ExecResult{}, err
@@ -107,7 +111,7 @@ func (s *Session) execLocked(ctx context.Context, r runnerImage, req sandbox.Exe
 	if timeout > agent.MaxTimeoutMS*time.Millisecond {
 		timeout = agent.MaxTimeoutMS * time.Millisecond
 	}
-	w, err := s.openWorkspace(ctx)
+	w, err := s.OpenWorkspace(ctx)
 	if err != nil {
 		return sandbox.ExecResult{}, err
 	}
@@ -139,12 +143,20 @@ func (s *Session) execLocked(ctx context.Context, r runnerImage, req sandbox.Exe
 	if err != nil {
 		// The agent is gone, hung or the caller gave up: this container's
 		// state is unknown, so it goes; the next Exec starts a new one.
-		oom := !hardStop && ctx.Err() == nil && e.lostToOOM(ctx, c, oomBefore)
+		if !hardStop && ctx.Err() == nil && e.lostToOOM(ctx, c, oomBefore) {
+			s.retireLocked(r.Language, c, sandbox.LostOOM)
+			e.log.Info().Str("container", shortID(c.dockerID)).Msg("sandbox_oom_killed")
+			res := sandbox.ExecResult{Duration: dur, ExitCode: 137, Signal: "SIGKILL", OOMKilled: true}
+			if req.Mode == sandbox.ModeNotebook {
+				// The kernel went with the sandbox (gVisor's OOM kill ends
+				// the Sentry).
+				res.Kernel = &sandbox.KernelStatus{Ended: sandbox.LostOOM}
+				s.kernel.Observe(&res)
+			}
+			return res, nil
+		}
 		s.retireLocked(r.Language, c, sandbox.LostUnresponsive)
 		switch {
-		case oom:
-			e.log.Info().Str("container", shortID(c.dockerID)).Msg("sandbox_oom_killed")
-			return sandbox.ExecResult{Duration: dur, ExitCode: 137, Signal: "SIGKILL", OOMKilled: true}, nil
 		case hardStop:
 			e.log.Warn().Str("container", shortID(c.dockerID)).Dur("timeout", timeout).Msg("sandbox missed its deadline; killed")
 			return sandbox.ExecResult{TimedOut: true, Duration: dur, ExitCode: -1, Signal: "SIGKILL"},
@@ -305,71 +317,6 @@ func (e *Engine) lostToOOM(ctx context.Context, c *ctr, before int64) bool {
 	return e.wasOOMKilled(ctx, c, -1)
 }
 
-// sessionsBefore returns the sessions in c before a run. Under gVisor it
-// is the set the last check found (after the previous run, or when the
-// container started), which saves a round trip to the sandbox per run.
-func (e *Engine) sessionsBefore(c *ctr) map[int][]int {
-	if e.o.Runtime != RuntimeRunsc {
-		return e.sessions(c)
-	}
-	if c.sessions == nil {
-		var err error
-		if c.sessions, err = e.sandboxSessions(c); err != nil {
-			e.log.Warn().Err(err).Str("container", shortID(c.dockerID)).Msg("sandbox_sessions_unknown")
-		}
-	}
-	return c.sessions
-}
-
-// hasStrays reports processes left after a run, read from the host's /proc
-// (under gVisor, from the Sentry's, see sessionMonitor) rather than from
-// the (untrusted) agent (see agent.Strays); it also keeps track of the
-// container's notebook kernel session. Caller holds s.mu.
-func (e *Engine) hasStrays(c *ctr, before map[int][]int, kernel *sandbox.KernelStatus) bool {
-	var after map[int][]int
-	if e.o.Runtime == RuntimeRunsc {
-		var err error
-		after, err = e.sandboxSessions(c)
-		if err != nil || before == nil {
-			// The host cannot look for itself: not knowing retires the
-			// container.
-			e.log.Warn().Err(err).Str("container", shortID(c.dockerID)).Msg("sandbox_sessions_unknown")
-			return true
-		}
-	} else {
-		if before == nil {
-			return false // cannot tell (no cgroup v1 pids controller visible)
-		}
-		after = e.sessions(c)
-	}
-	started := kernel != nil && kernel.Started && kernel.Ended == ""
-	stray, sid := agent.Strays(before, after, c.kernelSID, started)
-	c.kernelSID = sid
-	if stray {
-		e.log.Info().Str("container", shortID(c.dockerID)).Int("sessions_before", len(before)).Msg("sandbox_strays_found")
-		return true
-	}
-	if e.o.Runtime == RuntimeRunsc {
-		c.sessions = after
-	}
-	return false
-}
-
-// openWorkspace opens the session's workspace, creating it on first use;
-// what the broker writes there belongs to the session's uid. Caller holds
-// s.mu.
-func (s *Session) openWorkspace(ctx context.Context) (*workspace.Workspace, error) {
-	uid, err := s.uidLocked(ctx)
-	if err != nil {
-		return nil, err
-	}
-	own := workspace.WithOwner(uid, uid)
-	if _, err := os.Lstat(s.ref.Dir); errors.Is(err, fs.ErrNotExist) {
-		return workspace.Create(s.ref.Dir, workspace.WithLimits(s.e.o.WorkspaceLimits), own)
-	}
-	return workspace.OpenOwned(s.ref.Dir, s.e.o.WorkspaceLimits, own)
-}
-
 // WorkspaceOwner is the option that gives what the broker writes into the
 // session's workspace to the session's uid (for callers that write there
 // themselves, such as project uploads).
@@ -395,61 +342,9 @@ func (s *Session) watchQuota(ctx context.Context, w *workspace.Workspace, c *ctr
 // quotaExceeded removes what the run wrote, retires its container and
 // reports QUOTA_EXCEEDED.
 func (s *Session) quotaExceeded(w *workspace.Workspace, before map[string]workspace.FileStamp, lang string, c *ctr, dur time.Duration) (sandbox.ExecResult, error) {
-	w.RemoveChanged(before)
+	err := w.RemoveRun(before)
 	s.retireLocked(lang, c, sandbox.LostQuota)
-	l := w.Limits()
-	return sandbox.ExecResult{Duration: dur, ExitCode: -1}, brokererr.New(brokererr.QuotaExceeded,
-		"the workspace exceeded its quota (%d files, %d MiB); the run was stopped and the files it wrote were removed", l.MaxFiles, l.MaxBytes>>20)
-}
-
-// WriteFile implements sandbox.Session on the host workspace directory.
-func (s *Session) WriteFile(ctx context.Context, p string, data []byte, overwrite bool) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.destroyed {
-		return brokererr.New(brokererr.SandboxNotFound, "the sandbox was destroyed")
-	}
-	w, err := s.openWorkspace(ctx)
-	if err != nil {
-		return err
-	}
-	defer w.Close()
-	return w.Write(p, data, overwrite)
-}
-
-// PrepareWorkspace implements sandbox.Session.
-func (s *Session) PrepareWorkspace(ctx context.Context) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.destroyed {
-		return brokererr.New(brokererr.SandboxNotFound, "the sandbox was destroyed")
-	}
-	w, err := s.openWorkspace(ctx)
-	if err != nil {
-		return err
-	}
-	return w.Close()
-}
-
-// ReadFile implements sandbox.Session.
-func (s *Session) ReadFile(ctx context.Context, p string, offset, max int64) (sandbox.File, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.destroyed {
-		return sandbox.File{}, brokererr.New(brokererr.SandboxNotFound, "the sandbox was destroyed")
-	}
-	return workspace.ReadFile(s.ref.Dir, s.e.o.WorkspaceLimits, p, offset, max)
-}
-
-// ListFiles implements sandbox.Session: regular files under dir, recursively,
-// sorted by path. Symlinks and special files are not listed.
-func (s *Session) ListFiles(ctx context.Context, dir string) ([]sandbox.FileInfo, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.destroyed {
-		return nil, brokererr.New(brokererr.SandboxNotFound, "the sandbox was destroyed")
-	}
-	return workspace.ListFiles(s.ref.Dir, s.e.o.WorkspaceLimits, dir)
+	return sandbox.ExecResult{Duration: dur, ExitCode: -1}, err
 }
 
 // removeAll removes every container of the session and waits.

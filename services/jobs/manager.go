@@ -107,7 +107,9 @@ type Info struct {
 	EgressDeniedOther int            `json:"egress_denied_other,omitempty"`
 }
 
-const schema = `CREATE TABLE IF NOT EXISTS jobs(
+// schema is the job table in state.db. Append steps; never edit released
+// ones.
+var schema = statedb.Schema{Component: "jobs", Steps: []string{`CREATE TABLE IF NOT EXISTS jobs(
 	id TEXT PRIMARY KEY,
 	principal TEXT NOT NULL,
 	session_id TEXT NOT NULL,
@@ -120,7 +122,7 @@ const schema = `CREATE TABLE IF NOT EXISTS jobs(
 	network TEXT NOT NULL,
 	started_at INTEGER NOT NULL,
 	ended_at INTEGER);
-CREATE INDEX IF NOT EXISTS jobs_by_principal ON jobs(principal, started_at);`
+CREATE INDEX IF NOT EXISTS jobs_by_principal ON jobs(principal, started_at);`}}
 
 // Open opens the job table, marks jobs left running by a previous broker as
 // errors (appending an error event to their logs), and prunes old jobs.
@@ -143,17 +145,13 @@ func Open(ctx context.Context, o Options) (*Manager, error) {
 	if err := os.MkdirAll(o.Dir, 0o700); err != nil {
 		return nil, err
 	}
-	db, err := statedb.Open(o.DBPath)
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	db, err := statedb.Open(ctx, o.DBPath, schema)
 	if err != nil {
 		return nil, fmt.Errorf("jobs: %w", err)
 	}
 	m := &Manager{o: o, db: db, live: map[string]*job{}, perSession: map[string]int{}}
-	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	if _, err := db.ExecContext(ctx, schema); err != nil {
-		db.Close()
-		return nil, fmt.Errorf("jobs table: %w", err)
-	}
 	if err := m.recover(ctx); err != nil {
 		db.Close()
 		return nil, err
@@ -173,18 +171,10 @@ func (m *Manager) Prune(ctx context.Context) {
 
 // recover closes out jobs a previous broker left running.
 func (m *Manager) recover(ctx context.Context) error {
-	rows, err := m.db.QueryContext(ctx, `SELECT id FROM jobs WHERE status = ?`, StatusRunning)
+	ids, err := m.ids(ctx, `SELECT id FROM jobs WHERE status = ?`, StatusRunning)
 	if err != nil {
 		return err
 	}
-	var ids []string
-	for rows.Next() {
-		var id string
-		if rows.Scan(&id) == nil && IDPattern.MatchString(id) {
-			ids = append(ids, id)
-		}
-	}
-	rows.Close()
 	now := m.o.Now()
 	for _, id := range ids {
 		if l, err := openLog(m.logDir(id), m.o.LogMaxBytes); err == nil {
@@ -200,12 +190,14 @@ func (m *Manager) recover(ctx context.Context) error {
 	return m.prune(ctx, now)
 }
 
-func (m *Manager) prune(ctx context.Context, now time.Time) error {
-	cut := now.Add(-m.o.Retention).UnixMilli()
-	rows, err := m.db.QueryContext(ctx, `SELECT id FROM jobs WHERE status != ? AND ended_at < ?`, StatusRunning, cut)
+// ids runs query and returns the well-formed job IDs it selects (they
+// name log directories).
+func (m *Manager) ids(ctx context.Context, query string, args ...any) ([]string, error) {
+	rows, err := m.db.QueryContext(ctx, query, args...)
 	if err != nil {
-		return err
+		return nil, err
 	}
+	defer rows.Close()
 	var ids []string
 	for rows.Next() {
 		var id string
@@ -213,7 +205,15 @@ func (m *Manager) prune(ctx context.Context, now time.Time) error {
 			ids = append(ids, id)
 		}
 	}
-	rows.Close()
+	return ids, rows.Err()
+}
+
+func (m *Manager) prune(ctx context.Context, now time.Time) error {
+	cut := now.Add(-m.o.Retention).UnixMilli()
+	ids, err := m.ids(ctx, `SELECT id FROM jobs WHERE status != ? AND ended_at < ?`, StatusRunning, cut)
+	if err != nil {
+		return err
+	}
 	for _, id := range ids {
 		_ = os.RemoveAll(m.logDir(id))
 		if _, err := m.db.ExecContext(ctx, `DELETE FROM jobs WHERE id = ?`, id); err != nil {
@@ -265,9 +265,20 @@ type StartRequest struct {
 	// OnEnd runs once the job has ended and its status is stored (unpin
 	// the session, bill the time).
 	OnEnd func(sandbox.JobExit)
+	// Stdout, when set, turns the job's stdout into events (a coding
+	// agent's JSON stream); it is called serially. Stderr stays raw.
+	Stdout func(data []byte) []Event
+	// Final, when set, runs once a started job has ended, before its
+	// closing event; the events it returns are logged first (a task's
+	// outcome). cancelled says cancel_execution ended it.
+	Final func(x sandbox.JobExit, cancelled bool) []Event
+	// ID, when set, is the execution's ID (from NewID), for a caller that
+	// must name the job before it starts; "" assigns one.
+	ID string
 }
 
-func newID() string {
+// NewID returns a new execution ID.
+func NewID() string {
 	var b [16]byte
 	_, _ = rand.Read(b[:])
 	return "exec_" + hex.EncodeToString(b[:])
@@ -300,7 +311,13 @@ func (m *Manager) Start(ctx context.Context, req StartRequest) (string, error) {
 		m.mu.Unlock()
 		return refuse(limitError("this session runs its maximum of %d concurrent executions; wait for one to finish or cancel one", m.o.MaxPerSession))
 	}
-	id := newID()
+	id := req.ID
+	if id == "" {
+		id = NewID()
+	} else if !IDPattern.MatchString(id) || m.live[id] != nil {
+		m.mu.Unlock()
+		return refuse(brokererr.New(brokererr.InternalError, "invalid execution id"))
+	}
 	j := &job{id: id, principal: req.Principal, sessionKey: req.SessionKey, interactive: req.Spec.Interactive,
 		timeout: req.Spec.Timeout, done: make(chan struct{})}
 	m.live[id] = j
@@ -328,13 +345,14 @@ func (m *Manager) Start(ctx context.Context, req StartRequest) (string, error) {
 	spec := req.Spec
 	spec.ID = id
 	sink := func(stream string, data []byte) {
-		typ := EventStdout
-		if stream == sandbox.StreamStderr {
-			typ = EventStderr
+		evs := []Event{{Type: EventStdout, Data: toText(data)}}
+		switch {
+		case stream == sandbox.StreamStderr:
+			evs[0].Type = EventStderr
+		case req.Stdout != nil:
+			evs = req.Stdout(data)
 		}
-		if _, err := j.log.append(Event{Type: typ, Data: toText(data)}, m.o.Now()); err != nil {
-			m.o.Log.Warn().Str("execution_id", id).Msg("job_log_append_failed")
-		}
+		m.appendAll(j, evs)
 	}
 	// Ready goes first so a reader sees the job before any output.
 	if _, err := j.log.append(Event{Type: EventReady, TimeoutSeconds: int(spec.Timeout / time.Second)}, now); err != nil {
@@ -367,9 +385,27 @@ func (m *Manager) Start(ctx context.Context, req StartRequest) (string, error) {
 	go func() {
 		defer m.wg.Done()
 		<-h.Done()
-		m.finish(j, h.Exit(), req.OnEnd)
+		x := h.Exit()
+		if req.Final != nil {
+			j.mu.Lock()
+			cancelled := j.cancelled
+			j.mu.Unlock()
+			m.appendAll(j, req.Final(x, cancelled))
+		}
+		m.finish(j, x, req.OnEnd)
 	}()
 	return id, nil
+}
+
+// appendAll logs evs in order.
+func (m *Manager) appendAll(j *job, evs []Event) {
+	for _, ev := range evs {
+		ev.Data = toText([]byte(ev.Data))
+		if _, err := j.log.append(ev, m.o.Now()); err != nil {
+			m.o.Log.Warn().Str("execution_id", j.id).Msg("job_log_append_failed")
+			return
+		}
+	}
 }
 
 // toText keeps output as valid UTF-8 text.

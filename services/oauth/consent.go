@@ -64,7 +64,9 @@ func (s *Server) consentHeaders(w http.ResponseWriter, redirectURI string) {
 	h.Set("X-Frame-Options", "DENY")
 	h.Set("Content-Type", "text/html; charset=utf-8")
 	h.Set("Cache-Control", "no-store")
-	h.Set("Referrer-Policy", "no-referrer")
+	// Not no-referrer: with it a browser posts the form with "Origin:
+	// null", which the Origin checks refuse (TestConsoleOAuthLoginInChromium).
+	h.Set("Referrer-Policy", "same-origin")
 }
 
 func (s *Server) renderConsent(w http.ResponseWriter, status int, redirectURI string, v consentView) {

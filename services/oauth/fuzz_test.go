@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 	"unicode/utf8"
+
+	"github.com/sandbox-broker/sandbox-broker/config"
 )
 
 // FuzzParseRegistration: any body either fails with a registration error
@@ -39,7 +41,7 @@ func FuzzParseRegistration(f *testing.F) {
 			if e := checkRedirectURI(u, r.TokenEndpointAuthMethod == AuthNone); e != nil {
 				t.Fatalf("accepted redirect %q fails its own check: %v", u, e)
 			}
-			if pu, err := url.Parse(u); err != nil || strings.EqualFold(pu.Scheme, "http") && !isLoopbackHost(pu.Hostname()) {
+			if pu, err := url.Parse(u); err != nil || strings.EqualFold(pu.Scheme, "http") && !config.IsLoopbackHost(pu.Hostname()) {
 				t.Fatalf("non-loopback http redirect %q", u)
 			}
 		}

@@ -8,7 +8,6 @@ import (
 	"errors"
 	"io"
 	"mime"
-	"net"
 	"net/http"
 	"net/url"
 	"slices"
@@ -18,6 +17,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/sandbox-broker/sandbox-broker/audit"
+	"github.com/sandbox-broker/sandbox-broker/config"
 )
 
 // Limits of one registration (RFC 7591). Real clients send a few hundred
@@ -213,7 +213,7 @@ func checkRedirectURI(raw string, public bool) *Error {
 			return redirectError("an https redirect URI needs a host")
 		}
 	case scheme == "http":
-		if !isLoopbackHost(u.Hostname()) {
+		if !config.IsLoopbackHost(u.Hostname()) {
 			return redirectError("http redirect URIs are allowed only on loopback (127.0.0.1, [::1], localhost); use https")
 		}
 	case unsafeSchemes[scheme]:
@@ -224,14 +224,6 @@ func checkRedirectURI(raw string, public bool) *Error {
 		}
 	}
 	return nil
-}
-
-func isLoopbackHost(h string) bool {
-	if strings.EqualFold(h, "localhost") {
-		return true
-	}
-	ip := net.ParseIP(h)
-	return ip != nil && ip.IsLoopback()
 }
 
 // registrationResponse is the RFC 7591 section 3.2.1 reply.

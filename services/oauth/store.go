@@ -14,10 +14,11 @@ import (
 	"github.com/sandbox-broker/sandbox-broker/services/statedb"
 )
 
-// The tables are prefixed because state.db is shared with other packages.
+// schema is the OAuth tables in state.db, prefixed because the file is
+// shared with other packages. Append steps; never edit released ones.
 // Refresh tokens and client secrets are stored as SHA-256 hashes only: both
 // are 256-bit random values, so a plain hash is enough.
-const schema = `
+var schema = statedb.Schema{Component: "oauth", Steps: []string{`
 CREATE TABLE IF NOT EXISTS oauth_clients (
 	client_id   TEXT    PRIMARY KEY,
 	secret_hash BLOB,              -- NULL for public clients
@@ -43,7 +44,7 @@ CREATE TABLE IF NOT EXISTS oauth_refresh_tokens (
 	used_at    INTEGER NOT NULL DEFAULT 0 -- rotated; presenting it again is reuse
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS oauth_refresh_tokens_grant ON oauth_refresh_tokens (grant_id);
-`
+`}}
 
 // Store errors. ErrReused means the family was revoked as a result.
 var (
@@ -59,18 +60,14 @@ type Store struct {
 	now func() time.Time
 }
 
-// OpenStore opens state.db at path and creates the OAuth tables.
+// OpenStore opens state.db at path and brings the OAuth tables up to date.
 func OpenStore(ctx context.Context, path string, now func() time.Time) (*Store, error) {
 	if now == nil {
 		now = time.Now
 	}
-	db, err := statedb.Open(path)
+	db, err := statedb.Open(ctx, path, schema)
 	if err != nil {
 		return nil, fmt.Errorf("oauth: %w", err)
-	}
-	if _, err := db.ExecContext(ctx, schema); err != nil {
-		db.Close()
-		return nil, fmt.Errorf("oauth: create schema: %w", err)
 	}
 	return &Store{db: db, now: now}, nil
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/lestrrat-go/jwx/v3/jwt"
 	"github.com/zitadel/oidc/v3/pkg/client"
 
+	"github.com/sandbox-broker/sandbox-broker/config"
 	"github.com/sandbox-broker/sandbox-broker/services/identity"
 	"github.com/sandbox-broker/sandbox-broker/services/quota"
 )
@@ -316,7 +317,7 @@ func checkFetchURL(raw, issuer string) error {
 		return nil
 	}
 	iu, _ := url.Parse(issuer)
-	if u.Scheme == "http" && isLoopbackHost(u.Hostname()) && iu != nil && iu.Scheme == "http" && isLoopbackHost(iu.Hostname()) {
+	if u.Scheme == "http" && config.IsLoopbackHost(u.Hostname()) && iu != nil && iu.Scheme == "http" && config.IsLoopbackHost(iu.Hostname()) {
 		return nil
 	}
 	return fmt.Errorf("oauth: the issuer's jwks_uri must be https")

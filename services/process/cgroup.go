@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/rs/zerolog"
+
+	"github.com/sandbox-broker/sandbox-broker/services/sandbox"
 )
 
 // cgroupRoot is where cgroup hierarchies are mounted.
@@ -251,7 +253,7 @@ func (d *cgroupDriver) sweep() int {
 		ents, _ := os.ReadDir(b)
 		for _, e := range ents {
 			id, ok := strings.CutPrefix(e.Name(), "p-")
-			if !e.IsDir() || !ok || !validID(id) {
+			if !e.IsDir() || !ok || !sandbox.ValidID(id) {
 				continue
 			}
 			dir := filepath.Join(b, e.Name())

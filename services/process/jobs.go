@@ -7,7 +7,6 @@ import (
 	"os"
 	"path"
 	"path/filepath"
-	"sort"
 	"time"
 
 	"github.com/sandbox-broker/sandbox-broker/services/agent"
@@ -34,11 +33,6 @@ func (s *Session) StartJob(ctx context.Context, spec sandbox.JobSpec, sink sandb
 		timeout = defaultExecTimeout
 	}
 	timeout = min(timeout, agent.MaxTimeoutMS*time.Millisecond)
-	env := make([]string, 0, len(spec.Env))
-	for k, v := range spec.Env {
-		env = append(env, k+"="+v)
-	}
-	sort.Strings(env)
 
 	sb, err := s.sandbox(ctx)
 	if err != nil {
@@ -47,13 +41,13 @@ func (s *Session) StartJob(ctx context.Context, spec sandbox.JobSpec, sink sandb
 	req := agent.JobRequest{
 		Command:     spec.Command,
 		WorkDir:     workDir,
-		Env:         env,
+		Env:         spec.EnvList(),
 		TimeoutMS:   max(timeout.Milliseconds(), 1),
 		Interactive: spec.Interactive,
 	}
 	var ln net.Listener
 	if spec.Egress != nil {
-		name := "egress-" + newID() + ".sock"
+		name := "egress-" + sandbox.NewID() + ".sock"
 		ln, err = s.b.egressListener(filepath.Join(sb.runDir, name), s.uid, s.gid)
 		if err != nil {
 			return nil, brokererr.Wrap(err, brokererr.Unavailable, "cannot create the job's network path")

@@ -8,7 +8,6 @@ package process
 
 import (
 	"context"
-	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
@@ -351,7 +350,7 @@ func traversable(root string, uid, gid int) error {
 // runs /usr/bin/true in it: user namespaces, bwrap and the path
 // permissions of Root are checked once, at start.
 func (b *Backend) probe(ctx context.Context) error {
-	id := newID()
+	id := sandbox.NewID()
 	runDir := filepath.Join(b.o.Root, "run", "p-"+id)
 	ws := runDir + ".probe"
 	for _, d := range []string{runDir, ws} {
@@ -429,20 +428,4 @@ func (b *Backend) Close(ctx context.Context) error {
 	wg.Wait()
 	b.bg.Wait()
 	return errors.Join(errs...)
-}
-
-func newID() string {
-	var x [8]byte
-	if _, err := rand.Read(x[:]); err != nil {
-		panic(err)
-	}
-	return hex.EncodeToString(x[:])
-}
-
-func validID(s string) bool {
-	if len(s) != 16 {
-		return false
-	}
-	_, err := hex.DecodeString(s)
-	return err == nil
 }

@@ -605,7 +605,7 @@ func TestEgressListenerReachableFromSandbox(t *testing.T) {
 	s := open(t, b)
 	exec1(t, s, "bash", "true", 20*time.Second)
 	sb := current(t, s)
-	name := "egress-" + newID() + ".sock"
+	name := "egress-" + sandbox.NewID() + ".sock"
 	ln, err := b.egressListener(filepath.Join(sb.runDir, name), s.uid, s.gid)
 	if err != nil {
 		t.Fatal(err)

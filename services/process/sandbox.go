@@ -15,6 +15,7 @@ import (
 
 	"github.com/sandbox-broker/sandbox-broker/services/agent"
 	"github.com/sandbox-broker/sandbox-broker/services/brokererr"
+	"github.com/sandbox-broker/sandbox-broker/services/sandbox"
 )
 
 // sbx is one running sandbox: the bwrap process tree of a session's agent.
@@ -67,7 +68,7 @@ func (b *Backend) start(ctx context.Context, workspaceDir string, uid, gid int) 
 	if closed {
 		return nil, brokererr.New(brokererr.Unavailable, "the process sandbox backend is shut down")
 	}
-	id := newID()
+	id := sandbox.NewID()
 	s := &sbx{
 		id:      id,
 		runDir:  filepath.Join(b.o.Root, "run", "p-"+id),
@@ -385,7 +386,7 @@ func (b *Backend) sweepOrphans() {
 		if !ok || !e.Type().IsRegular() {
 			continue
 		}
-		if id, ok := strings.CutPrefix(name, "p-"); !ok || !validID(id) {
+		if id, ok := strings.CutPrefix(name, "p-"); !ok || !sandbox.ValidID(id) {
 			continue
 		}
 		data, err := os.ReadFile(filepath.Join(runDir, e.Name()))
@@ -406,7 +407,7 @@ func (b *Backend) sweepOrphans() {
 	killed += b.cg.sweep()
 	for _, e := range ents {
 		rest, ok := strings.CutPrefix(e.Name(), "p-")
-		if ok && len(rest) >= 16 && validID(rest[:16]) {
+		if ok && len(rest) >= 16 && sandbox.ValidID(rest[:16]) {
 			_ = os.RemoveAll(filepath.Join(runDir, e.Name()))
 		}
 	}

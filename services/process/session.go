@@ -2,12 +2,7 @@ package process
 
 import (
 	"context"
-	"errors"
-	"io/fs"
 	"os"
-	"path"
-	"path/filepath"
-	"strings"
 	"sync"
 	"time"
 
@@ -21,9 +16,10 @@ import (
 // every language, started on first use and restarted when it died or was
 // retired. It implements sandbox.Session and sandbox.JobRunner.
 type Session struct {
-	b        *Backend
-	ref      sandbox.SessionRef
-	uid, gid int // host ids of its sandboxes (see Backend.sessionIDs)
+	workspace.Files // WriteFile, ReadFile, ListFiles
+	b               *Backend
+	ref             sandbox.SessionRef
+	uid, gid        int // host ids of its sandboxes (see Backend.sessionIDs)
 
 	runMu sync.Mutex // serialises Exec (the agent runs one request at a time)
 
@@ -41,11 +37,8 @@ var (
 
 // Open implements sandbox.Backend. Nothing starts until Exec or StartJob.
 func (b *Backend) Open(ctx context.Context, ref sandbox.SessionRef) (sandbox.Session, error) {
-	if !validWorkspaceID(ref.WorkspaceID) {
-		return nil, brokererr.New(brokererr.InvalidInput, "invalid workspace id")
-	}
-	if ref.Dir == "" || !strings.HasPrefix(ref.Dir, "/") || path.Clean(ref.Dir) != ref.Dir {
-		return nil, brokererr.New(brokererr.InternalError, "workspace dir must be a clean absolute path")
+	if err := sandbox.CheckRef(ref); err != nil {
+		return nil, err
 	}
 	b.mu.Lock()
 	closed := b.closed
@@ -58,19 +51,9 @@ func (b *Backend) Open(ctx context.Context, ref sandbox.SessionRef) (sandbox.Ses
 	if s.uid, s.gid, err = b.sessionIDs(ctx, ref.WorkspaceID); err != nil {
 		return nil, err
 	}
+	s.Files = workspace.Files{Backend: b.Name(), Dir: ref.Dir, Limits: b.o.WorkspaceLimits, Hold: s.hold,
+		Owner: func(context.Context) (int, int, error) { return s.uid, s.gid, nil }}
 	return s, nil
-}
-
-func validWorkspaceID(s string) bool {
-	if s == "" || len(s) > 64 {
-		return false
-	}
-	for _, c := range s {
-		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_') {
-			return false
-		}
-	}
-	return true
 }
 
 // sandbox returns the session's running sandbox, starting one if there is
@@ -90,7 +73,7 @@ func (s *Session) sandbox(ctx context.Context) (*sbx, error) {
 		_ = s.b.stop(ctx, s.sb)
 		s.sb = nil
 	}
-	w, err := s.openWorkspace()
+	w, err := s.OpenWorkspace(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -137,7 +120,7 @@ func (s *Session) Exec(ctx context.Context, req sandbox.ExecRequest) (sandbox.Ex
 		timeout = defaultExecTimeout
 	}
 	timeout = min(timeout, agent.MaxTimeoutMS*time.Millisecond)
-	w, err := s.openWorkspace()
+	w, err := s.OpenWorkspace(ctx)
 	if err != nil {
 		return sandbox.ExecResult{}, err
 	}
@@ -230,78 +213,21 @@ func (s *Session) hasStrays(sb *sbx, before map[int][]int, kernel *sandbox.Kerne
 	return stray
 }
 
-// openWorkspace opens the session's workspace, creating it on first use.
-func (s *Session) openWorkspace() (*workspace.Workspace, error) {
-	own := workspace.WithOwner(s.uid, s.gid)
-	if _, err := os.Lstat(s.ref.Dir); errors.Is(err, fs.ErrNotExist) {
-		// bwrap runs as the sandbox uid and must reach the workspace.
-		if err := os.MkdirAll(filepath.Dir(s.ref.Dir), 0o711); err != nil {
-			return nil, brokererr.Wrap(err, brokererr.InternalError, "cannot create the workspace")
-		}
-		return workspace.Create(s.ref.Dir, workspace.WithLimits(s.b.o.WorkspaceLimits), own)
-	}
-	return workspace.OpenOwned(s.ref.Dir, s.b.o.WorkspaceLimits, own)
-}
-
 // quotaExceeded removes what the run wrote, retires the sandbox and
 // reports QUOTA_EXCEEDED.
 func (s *Session) quotaExceeded(w *workspace.Workspace, before map[string]workspace.FileStamp, sb *sbx, dur time.Duration) (sandbox.ExecResult, error) {
 	s.retire(sb, sandbox.LostQuota)
-	w.RemoveChanged(before)
-	l := w.Limits()
-	return sandbox.ExecResult{Duration: dur, ExitCode: -1}, brokererr.New(brokererr.QuotaExceeded,
-		"the workspace exceeded its quota (%d files, %d MiB); the run was stopped and the files it wrote were removed", l.MaxFiles, l.MaxBytes>>20)
+	return sandbox.ExecResult{Duration: dur, ExitCode: -1}, w.RemoveRun(before)
 }
 
-func (s *Session) checkLive() error {
+// hold is Files.Hold: file calls need only a session not yet destroyed.
+func (s *Session) hold() (func(), error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.destroyed {
-		return brokererr.New(brokererr.SandboxNotFound, "the sandbox was destroyed")
+		return nil, brokererr.New(brokererr.SandboxNotFound, "the sandbox was destroyed")
 	}
-	return nil
-}
-
-// WriteFile implements sandbox.Session on the host workspace directory.
-func (s *Session) WriteFile(ctx context.Context, p string, data []byte, overwrite bool) error {
-	if err := s.checkLive(); err != nil {
-		return err
-	}
-	w, err := s.openWorkspace()
-	if err != nil {
-		return err
-	}
-	defer w.Close()
-	return w.Write(p, data, overwrite)
-}
-
-// PrepareWorkspace implements sandbox.Session.
-func (s *Session) PrepareWorkspace(ctx context.Context) error {
-	if err := s.checkLive(); err != nil {
-		return err
-	}
-	w, err := s.openWorkspace()
-	if err != nil {
-		return err
-	}
-	return w.Close()
-}
-
-// ReadFile implements sandbox.Session.
-func (s *Session) ReadFile(ctx context.Context, p string, offset, max int64) (sandbox.File, error) {
-	if err := s.checkLive(); err != nil {
-		return sandbox.File{}, err
-	}
-	return workspace.ReadFile(s.ref.Dir, s.b.o.WorkspaceLimits, p, offset, max)
-}
-
-// ListFiles implements sandbox.Session: regular files under dir,
-// recursively, sorted by path.
-func (s *Session) ListFiles(ctx context.Context, dir string) ([]sandbox.FileInfo, error) {
-	if err := s.checkLive(); err != nil {
-		return nil, err
-	}
-	return workspace.ListFiles(s.ref.Dir, s.b.o.WorkspaceLimits, dir)
+	return func() {}, nil
 }
 
 // stopLocked stops the current sandbox, waiting. Caller holds s.mu.

@@ -52,6 +52,18 @@ type Options struct {
 	Log      zerolog.Logger
 }
 
+// schema is the project table in state.db. Append steps; never edit
+// released ones.
+var schema = statedb.Schema{Component: "projects", Steps: []string{`CREATE TABLE IF NOT EXISTS projects(
+		id TEXT PRIMARY KEY,
+		principal TEXT NOT NULL,
+		provider TEXT NOT NULL,
+		project_name TEXT NOT NULL,
+		template TEXT NOT NULL,
+		created_at INTEGER NOT NULL,
+		expires_at INTEGER NOT NULL);
+		CREATE INDEX IF NOT EXISTS projects_by_principal ON projects(principal)`}}
+
 // Open opens the project table.
 func Open(ctx context.Context, o Options) (*Manager, error) {
 	if o.TTL <= 0 {
@@ -60,23 +72,9 @@ func Open(ctx context.Context, o Options) (*Manager, error) {
 	if o.Now == nil {
 		o.Now = time.Now
 	}
-	db, err := statedb.Open(o.DBPath)
+	db, err := statedb.Open(ctx, o.DBPath, schema)
 	if err != nil {
 		return nil, fmt.Errorf("projects: %w", err)
-	}
-	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	if _, err := db.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS projects(
-		id TEXT PRIMARY KEY,
-		principal TEXT NOT NULL,
-		provider TEXT NOT NULL,
-		project_name TEXT NOT NULL,
-		template TEXT NOT NULL,
-		created_at INTEGER NOT NULL,
-		expires_at INTEGER NOT NULL);
-		CREATE INDEX IF NOT EXISTS projects_by_principal ON projects(principal)`); err != nil {
-		db.Close()
-		return nil, fmt.Errorf("projects table: %w", err)
 	}
 	return &Manager{p: o.Provider, db: db, ttl: o.TTL, now: o.Now, log: o.Log, pending: map[string]int{}}, nil
 }

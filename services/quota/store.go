@@ -19,8 +19,9 @@ const pruneEvery = 256
 // previous hour or the current UTC day, so two days is ample.
 const retention = 48 * time.Hour
 
-// The table is prefixed because state.db may be shared with other packages.
-const schema = `
+// schema is the quota tables in state.db, prefixed because the file is
+// shared with other packages. Append steps; never edit released ones.
+var schema = statedb.Schema{Component: "quota", Steps: []string{`
 CREATE TABLE IF NOT EXISTS quota_buckets (
 	principal    TEXT    NOT NULL,
 	kind         TEXT    NOT NULL,
@@ -36,7 +37,7 @@ CREATE TABLE IF NOT EXISTS quota_reservations (
 	expires_at INTEGER NOT NULL  -- unix ms; charged in full if still held then
 );
 CREATE INDEX IF NOT EXISTS quota_reservations_principal ON quota_reservations (principal);
-`
+`}}
 
 const (
 	// From the previous window on: normally that and the current one; a
@@ -65,13 +66,13 @@ type Store struct {
 }
 
 // Open opens the state database at path (shared with other packages; see
-// statedb) and ensures the quota table exists. now is the clock; nil means
+// statedb) and brings the quota tables up to date. now is the clock; nil means
 // time.Now.
 func Open(ctx context.Context, path string, now func() time.Time) (*Store, error) {
 	if now == nil {
 		now = time.Now
 	}
-	db, err := statedb.Open(path)
+	db, err := statedb.Open(ctx, path, schema)
 	if err != nil {
 		return nil, fmt.Errorf("quota: %w", err)
 	}
@@ -89,9 +90,6 @@ func (s *Store) init(ctx context.Context) error {
 		return fmt.Errorf("quota: init: %w", err)
 	}
 	defer tx.Rollback()
-	if _, err := tx.ExecContext(ctx, schema); err != nil {
-		return fmt.Errorf("quota: create schema: %w", err)
-	}
 	if err := s.prune(ctx, tx, s.now()); err != nil {
 		return err
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"slices"
 	"syscall"
 	"time"
 )
@@ -33,6 +34,17 @@ type JobSpec struct {
 	// sandbox that forwards to that socket, and closes the listener when
 	// the job ends. The sandbox itself keeps no network interface.
 	Egress func(net.Listener)
+}
+
+// EnvList is the job's Env as sorted NAME=value pairs, as the agent takes
+// them.
+func (s JobSpec) EnvList() []string {
+	env := make([]string, 0, len(s.Env))
+	for k, v := range s.Env {
+		env = append(env, k+"="+v)
+	}
+	slices.Sort(env)
+	return env
 }
 
 // Output stream names a JobSink receives.

@@ -40,8 +40,10 @@ type Options struct {
 	MaxAge      time.Duration // sessions older than this are deleted with their files; default 24 h
 	// OnCreate runs before a new session is created (the sandboxes/hour quota).
 	OnCreate func(ctx context.Context, principal string) error
-	Now      func() time.Time
-	Log      zerolog.Logger
+	// OnReap hears each of the reaper's decisions (the operator view).
+	OnReap func(Reaped)
+	Now    func() time.Time
+	Log    zerolog.Logger
 }
 
 // Manager owns every session.
@@ -95,6 +97,16 @@ func (l *Lease) Pin() (unpin func()) {
 	}
 }
 
+// schema is the session table in state.db. Append steps; never edit
+// released ones.
+var schema = statedb.Schema{Component: "sessions", Steps: []string{`CREATE TABLE IF NOT EXISTS sessions(
+		principal TEXT NOT NULL,
+		session_id TEXT NOT NULL,
+		workspace_id TEXT NOT NULL UNIQUE,
+		created_at INTEGER NOT NULL,
+		last_used_at INTEGER NOT NULL,
+		PRIMARY KEY (principal, session_id))`}}
+
 // Open opens the session table.
 func Open(ctx context.Context, o Options) (*Manager, error) {
 	if o.IdleTimeout <= 0 {
@@ -106,21 +118,9 @@ func Open(ctx context.Context, o Options) (*Manager, error) {
 	if o.Now == nil {
 		o.Now = time.Now
 	}
-	db, err := statedb.Open(o.DBPath)
+	db, err := statedb.Open(ctx, o.DBPath, schema)
 	if err != nil {
-		return nil, err
-	}
-	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	if _, err := db.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS sessions(
-		principal TEXT NOT NULL,
-		session_id TEXT NOT NULL,
-		workspace_id TEXT NOT NULL UNIQUE,
-		created_at INTEGER NOT NULL,
-		last_used_at INTEGER NOT NULL,
-		PRIMARY KEY (principal, session_id))`); err != nil {
-		db.Close()
-		return nil, fmt.Errorf("sessions table: %w", err)
+		return nil, fmt.Errorf("sessions: %w", err)
 	}
 	if err := os.MkdirAll(filepath.Join(o.Root, "workspaces"), 0o711); err != nil {
 		db.Close()
@@ -283,6 +283,14 @@ func (m *Manager) attach(ctx context.Context, principal, wid string) (*live, err
 	return l, nil
 }
 
+// Active counts the sessions with a live sandbox (attached and not yet
+// released as idle), for the active-sessions gauge.
+func (m *Manager) Active() int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return len(m.live)
+}
+
 func (m *Manager) touch(wid string) {
 	now := m.o.Now()
 	m.mu.Lock()
@@ -359,16 +367,16 @@ func (m *Manager) Reap(ctx context.Context) {
 	if _, err := m.db.ExecContext(ctx, `UPDATE sessions SET created_at = ?1 WHERE created_at > ?1`, now.Unix()); err != nil {
 		m.o.Log.Warn().Msg("session_clock_fix_failed")
 	}
-	rows, err := m.db.QueryContext(ctx, `SELECT principal, workspace_id FROM sessions WHERE created_at <= ?`, now.Add(-m.o.MaxAge).Unix())
+	rows, err := m.db.QueryContext(ctx, `SELECT principal, session_id, workspace_id FROM sessions WHERE created_at <= ?`, now.Add(-m.o.MaxAge).Unix())
 	if err != nil {
 		m.o.Log.Warn().Msg("session_reap_query_failed")
 		return
 	}
-	type expired struct{ principal, wid string }
+	type expired struct{ principal, id, wid string }
 	var old []expired
 	for rows.Next() {
 		var e expired
-		if rows.Scan(&e.principal, &e.wid) == nil {
+		if rows.Scan(&e.principal, &e.id, &e.wid) == nil {
 			old = append(old, e)
 		}
 	}
@@ -376,7 +384,9 @@ func (m *Manager) Reap(ctx context.Context) {
 	for _, e := range old {
 		if err := m.destroy(ctx, e.principal, e.wid, false); err != nil {
 			m.o.Log.Warn().Str("workspace_id", e.wid).Msg("session_expire_failed")
+			continue
 		}
+		m.reapedExpired(ctx, e.principal, e.id, e.wid)
 	}
 }
 
@@ -403,4 +413,5 @@ func (m *Manager) releaseIdle(ctx context.Context, wid string, now time.Time) {
 	delete(m.live, wid)
 	m.mu.Unlock()
 	m.o.Log.Info().Str("workspace_id", wid).Msg("session_idle_released")
+	m.reapedWorkspace(ctx, ReapIdleReleased, wid)
 }

@@ -148,6 +148,8 @@ func TestQuotaRefusalCreatesNothing(t *testing.T) {
 func TestReaperReleasesIdleAndExpiresOld(t *testing.T) {
 	clk := &clock{now: time.Unix(1_800_000_000, 0)}
 	m, root := newManager(t, clk, nil)
+	var reaped []Reaped // the operator view's feed; Reap calls it synchronously
+	m.o.OnReap = func(r Reaped) { reaped = append(reaped, r) }
 	ctx := context.Background()
 	l, err := m.Acquire(ctx, "alice", "s1", true)
 	if err != nil {
@@ -168,6 +170,9 @@ func TestReaperReleasesIdleAndExpiresOld(t *testing.T) {
 	if containers(t, root) != 0 {
 		t.Fatal("idle session kept its container")
 	}
+	if len(reaped) != 1 || reaped[0].Action != ReapIdleReleased || reaped[0].Principal != "alice" || reaped[0].SessionID != "s1" {
+		t.Fatalf("reaper decisions %+v", reaped)
+	}
 	// Files survive idling, and the session comes back on use.
 	l, err = m.Acquire(ctx, "alice", "s1", false)
 	if err != nil {
@@ -177,10 +182,20 @@ func TestReaperReleasesIdleAndExpiresOld(t *testing.T) {
 		t.Fatalf("after idle release: %q", got)
 	}
 	l.Release()
+	busy, err := m.Acquire(ctx, "alice", "s2", true) // in use while the reaper runs: skipped, not reported
+	if err != nil {
+		t.Fatal(err)
+	}
 	clk.Add(time.Hour)
 	m.Reap(ctx)
+	busy.Release()
 	if containers(t, root) != 0 {
 		t.Fatal("expired session kept its container")
+	}
+	// s1 idled again before it expired; s2, in use, appears nowhere.
+	last := reaped[len(reaped)-1]
+	if len(reaped) != 3 || reaped[1].Action != ReapIdleReleased || last.Action != ReapExpired || last.SessionID != "s1" {
+		t.Fatalf("reaper decisions %+v", reaped)
 	}
 	if _, err := os.Stat(m.WorkspaceDir(l.WorkspaceID)); !os.IsNotExist(err) {
 		t.Fatalf("expired workspace still on disk: %v", err)

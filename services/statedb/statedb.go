@@ -1,27 +1,49 @@
 // Package statedb opens the broker's shared state database (state.db):
-// quotas, sessions, jobs and projects each keep their tables in it.
+// quotas, sessions, jobs, projects, sandbox uids and OAuth each keep their
+// tables in it, and each brings them up to date through its own numbered
+// migration steps (services/migrate) when it opens the file.
 package statedb
 
 import (
+	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"net/url"
 	"os"
 	"path/filepath"
+	"time"
 
 	_ "modernc.org/sqlite" // registers the "sqlite" driver
+
+	"github.com/sandbox-broker/sandbox-broker/services/migrate"
 )
 
 // busyTimeoutMs bounds how long a writer waits for another connection (e.g.
 // a second broker process) to release the write lock.
 const busyTimeoutMs = 5000
 
+// Schema is one package's tables in state.db.
+type Schema struct {
+	// Component names the package's row in schema_versions ("quota").
+	Component string
+	// Steps create and change its tables (see migrate.Steps); step 1
+	// uses IF NOT EXISTS, adopting tables made before versioning.
+	Steps []string
+}
+
+// migrateTimeout bounds waiting for another opener's migration as well.
+const migrateTimeout = 30 * time.Second
+
 // Open opens (creating 0600 if needed) the database at path with the shared
-// pragmas. The parent directory must exist. One connection per handle:
-// in-process callers queue on the pool (cheap, honours ctx) instead of
-// spinning in SQLite's busy handler; other handles and processes are
-// serialised by the file lock plus busy_timeout.
-func Open(path string) (*sql.DB, error) {
+// pragmas and brings s's tables up to date. The parent directory must exist.
+// One connection per handle: in-process callers queue on the pool (cheap,
+// honours ctx) instead of spinning in SQLite's busy handler; other handles
+// and processes are serialised by the file lock plus busy_timeout.
+func Open(ctx context.Context, path string, s Schema) (*sql.DB, error) {
+	if s.Component == "" || len(s.Steps) == 0 {
+		return nil, errors.New("state db: a schema needs a component name and steps")
+	}
 	abs, err := filepath.Abs(path)
 	if err != nil {
 		return nil, fmt.Errorf("state db: resolve path: %w", err)
@@ -37,7 +59,27 @@ func Open(path string) (*sql.DB, error) {
 	db.SetMaxIdleConns(1)
 	db.SetConnMaxLifetime(0)
 	db.SetConnMaxIdleTime(0)
+	if err := apply(ctx, db, s); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("state db: %w", err)
+	}
 	return db, nil
+}
+
+// apply migrates s in one write transaction (_txlock=immediate), so
+// concurrent openers, in this process or another, take turns.
+func apply(ctx context.Context, db *sql.DB, s Schema) error {
+	ctx, cancel := context.WithTimeout(ctx, migrateTimeout)
+	defer cancel()
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback()
+	if _, err := migrate.Apply(ctx, tx, migrate.Component(s.Component), s.Steps); err != nil {
+		return err
+	}
+	return tx.Commit()
 }
 
 // dsn builds a file: URI so any character in the path is escaped rather

@@ -19,7 +19,9 @@ import (
 // MaxID is the largest usable uid ((uid_t)-1 means "no change" to chown).
 const MaxID = 4294967294
 
-const schema = `
+// schema is the uid tables in state.db. Append steps; never edit released
+// ones.
+var schema = statedb.Schema{Component: "uids", Steps: []string{`
 CREATE TABLE IF NOT EXISTS sandbox_uids (
 	uid   INTEGER PRIMARY KEY,
 	owner TEXT    NOT NULL UNIQUE -- a workspace ID, or a warm-pool container's key
@@ -28,7 +30,7 @@ CREATE TABLE IF NOT EXISTS sandbox_uid_cursor (
 	one  INTEGER PRIMARY KEY CHECK (one = 1),
 	next INTEGER NOT NULL -- where the next search for a free uid starts
 );
-`
+`}}
 
 // firstFree is the lowest free uid in [?1, ?2): ?1 itself, or one past a
 // leased uid whose successor is free.
@@ -50,13 +52,9 @@ func Open(ctx context.Context, path string, first, size int) (*Allocator, error)
 	if first < 1 || size < 1 || int64(first)+int64(size)-1 > MaxID {
 		return nil, fmt.Errorf("uids: range %d+%d must lie within 1..%d", first, size, MaxID)
 	}
-	db, err := statedb.Open(path)
+	db, err := statedb.Open(ctx, path, schema)
 	if err != nil {
 		return nil, fmt.Errorf("uids: %w", err)
-	}
-	if _, err := db.ExecContext(ctx, schema); err != nil {
-		db.Close()
-		return nil, fmt.Errorf("uids: create schema: %w", err)
 	}
 	return &Allocator{db: db, first: first, size: size}, nil
 }

@@ -1,0 +1,72 @@
+// Package deploy holds the Grafana dashboard and Prometheus rules; this
+// test keeps them to series the broker exports.
+package deploy
+
+import (
+	"encoding/json"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+)
+
+var (
+	defined    = regexp.MustCompile(`(?:Name:\s*|NewDesc\()"(sandbox_[a-z0-9_]+)"`)
+	referenced = regexp.MustCompile(`\bsandbox_[a-z0-9_]+`)
+	suffix     = regexp.MustCompile(`_(bucket|count|sum)$`)
+)
+
+// TestDashboardAndRulesUseExportedSeries: every sandbox_* series the
+// dashboard and the alert rules query is one the broker's code defines.
+func TestDashboardAndRulesUseExportedSeries(t *testing.T) {
+	names := map[string]bool{}
+	err := filepath.WalkDir("..", func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() && (d.Name() == "node_modules" || d.Name() == "testdata" || strings.HasPrefix(d.Name(), ".")) && p != ".." {
+			return filepath.SkipDir
+		}
+		if d.IsDir() || !strings.HasSuffix(p, ".go") || strings.HasSuffix(p, "_test.go") {
+			return nil
+		}
+		b, err := os.ReadFile(p)
+		if err != nil {
+			return err
+		}
+		for _, m := range defined.FindAllStringSubmatch(string(b), -1) {
+			names[m[1]] = true
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(names) < 5 {
+		t.Fatalf("found only %d metric definitions: %v", len(names), names)
+	}
+	dash, err := os.ReadFile("grafana/dashboards/sandbox-broker.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var d struct {
+		Panels []json.RawMessage `json:"panels"`
+	}
+	if err := json.Unmarshal(dash, &d); err != nil || len(d.Panels) == 0 {
+		t.Fatalf("dashboard JSON: %v", err)
+	}
+	rules, err := os.ReadFile("prometheus/alerts.yml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for file, text := range map[string]string{"dashboard": string(dash), "alerts": string(rules)} {
+		for _, ref := range referenced.FindAllString(text, -1) {
+			name := suffix.ReplaceAllString(ref, "")
+			if !names[name] && !names[ref] {
+				t.Errorf("%s uses %s, which the broker does not export", file, ref)
+			}
+		}
+	}
+}
