@@ -52,11 +52,6 @@ const (
 	nodeReplyTimeout = 2 * time.Second
 	// maxResidentLine bounds one line from the resident.
 	maxResidentLine = 1 << 20
-	// nodeNoInspector: SIGUSR1 starts Node's inspector, which would
-	// listen on loopback for anyone to run code in the process. On an
-	// address no sandbox has it fails, so no run can debug its way into a
-	// resident or a spare (and through them outlive itself).
-	nodeNoInspector = "--inspect-port=192.0.2.1:9229"
 )
 
 // nodeProc is a resident or a spare: the agent's child, with its end of
@@ -167,7 +162,7 @@ func newNodeRuntime(s *Server) *nodeRuntime {
 
 // command runs a JavaScript file in a new Node (a direct start).
 func (r *nodeRuntime) command() Command {
-	return Command{Argv: []string{r.node, nodeNoInspector, "--enable-source-maps", "-e", nodeRunScript, r.toolchain}, Ext: ".js"}
+	return Command{Argv: []string{r.node, "--enable-source-maps", "-e", nodeRunScript, r.toolchain}, Ext: ".js"}
 }
 
 func (r *nodeRuntime) begin(ctx context.Context) {
@@ -215,7 +210,7 @@ func (r *nodeRuntime) start(script string, ownGroup bool, stdout, stderr io.Writ
 	defer devnull.Close()
 	ch, err := r.s.startInfra(&exec.Cmd{
 		Path:       r.node,
-		Args:       []string{"node", nodeNoInspector, "--enable-source-maps", "-e", script, r.toolchain},
+		Args:       []string{"node", "--enable-source-maps", "-e", script, r.toolchain},
 		Env:        r.s.opts.Env,
 		Dir:        "/",
 		Stdin:      devnull,

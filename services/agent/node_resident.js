@@ -14,6 +14,12 @@
 // With errors the output is not written. The resident exits when fd 3
 // reaches EOF.
 'use strict';
+// No inspector: SIGUSR1 would start Node's, listening on loopback for any
+// process of the sandbox to run code in this one (and through a resident
+// or an idle spare outlive a run). A listener of our own replaces Node's
+// handler of the signal (Node 18 has no --disable-sigusr1), so the signal
+// does nothing. First thing, before the agent lets any run start.
+process.on('SIGUSR1', () => {});
 const fs = require('fs');
 const path = require('path');
 

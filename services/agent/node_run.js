@@ -19,6 +19,13 @@
 // limits, nice or affinity) exits without acknowledging the run. Files it
 // requires that end in .ts are compiled on load, as tsx did.
 'use strict';
+// No inspector: SIGUSR1 would start Node's, listening on loopback for any
+// process of the sandbox to run code in this one (and through a resident
+// or an idle spare outlive a run). A listener of our own replaces Node's
+// handler of the signal (Node 18 has no --disable-sigusr1), so the signal
+// does nothing. First thing, before the agent lets any run start. A run
+// keeps it (without a listener the signal would end the run instead).
+process.on('SIGUSR1', () => {});
 const fs = require('fs');
 const path = require('path');
 const Module = require('module');
