@@ -302,16 +302,17 @@ func (k *keeper[P]) discard(p P, why error) {
 }
 
 // get returns the ready process, waiting up to wait for one that is
-// booting; with take, the process is the caller's from then on and the
-// next one boots. A caller holding codeLock must not wait: the boot needs
-// it.
+// booting; with take, the process is the caller's from then on, and the
+// caller boots the next one (warm) once its run holds codeLock: a boot
+// started before would take codeLock first and hold the run back until
+// the new process has sealed itself. A caller holding codeLock must not
+// wait: the boot needs it.
 func (k *keeper[P]) get(ctx context.Context, wait time.Duration, take bool) (P, error) {
 	var zero P
 	k.mu.Lock()
 	p, settled, starting := k.cur, k.settled, k.starting
 	if p != zero && take {
 		k.cur = zero
-		k.launchLocked()
 	}
 	k.mu.Unlock()
 	if p != zero {

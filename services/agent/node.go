@@ -393,6 +393,7 @@ func (r *nodeRuntime) spawn(ctx context.Context, path, cwd string, begin func())
 	p.took.Store(true)
 	unprotect(p.ch.pid)
 	begin()
+	r.spare.warm() // the next spare boots once this run's code has ended
 	if err := p.writeLine([]byte("go"), deadline); err != nil {
 		// It may have died; its status says how.
 		r.s.logf("node spare %d: go: %v", p.ch.pid, err)
