@@ -164,6 +164,26 @@ console.log(process.pid, f[3] === String(process.pid), process.argv[1].endsWith(
 			t.Fatalf("state leaked: %q %q", resp.Stdout, resp.Stderr)
 		}
 	})
+	t.Run("nothing-boots-during-a-run", func(t *testing.T) {
+		// Infrastructure starts only while no run's code executes: the
+		// next spare boots after this run, not beside it (nor holding it
+		// back until sealed).
+		na.warm(t) // a spare ready, none booting
+		resp := na.run(t, ts(fmt.Sprintf(`import * as fs from "fs";
+let n = 0;
+for (const d of fs.readdirSync("/proc")) {
+  if (!/^\d+$/.test(d) || Number(d) === process.pid) continue;
+  try {
+    const st = fs.readFileSync("/proc/" + d + "/stat", "utf8");
+    const ppid = Number(st.slice(st.lastIndexOf(")") + 2).split(" ")[1]);
+    if (ppid === %d && fs.readFileSync("/proc/" + d + "/cmdline", "utf8").includes("the Node runner")) n++;
+  } catch {}
+}
+console.log(n);`, os.Getpid())))
+		if resp.ExitCode != 0 || string(resp.Stdout) != "0\n" {
+			t.Fatalf("got exit %d stdout %q stderr %q, want no other Node runner during the run", resp.ExitCode, resp.Stdout, resp.Stderr)
+		}
+	})
 	t.Run("no-inspector", func(t *testing.T) {
 		// SIGUSR1 would start Node's inspector on loopback (127.0.0.1:9229)
 		// in the resident (once it runs JavaScript again: the next check)
