@@ -450,6 +450,9 @@ type ctr struct {
 	// agent.Strays), as the stray check reads it: a host ID under runc, the
 	// sandbox's own under gVisor. Guarded by the owning session's mu.
 	kernelSID int
+	// known is what the last stray check read (under runc; see
+	// sessionsBefore), guarded by the owning session's mu.
+	known agent.SessionCache
 	// warming is set while a warm-up is pending (see warmAsync); used is
 	// when a session last used it (UnixNano; 0 while pooled).
 	warming atomic.Bool
