@@ -68,6 +68,7 @@ type Config struct {
 	IdleTimeoutMS  int64  `env:"SANDBOX_IDLE_TIMEOUT_MS" validate:"min=1000,max=604800000"`
 	MaxAgeS        int64  `env:"SANDBOX_MAX_AGE_S" validate:"min=60,max=2592000"`
 	PoolSize       int    `env:"SANDBOX_POOL_SIZE" validate:"min=0,max=32"`
+	IdleReleaseMS  int64  `env:"SANDBOX_IDLE_RELEASE_MS" validate:"min=0,max=86400000"`
 	MemoryMB       int64  `env:"SANDBOX_MEMORY_MB" validate:"min=64,max=65536"`
 	CPUs           int    `env:"SANDBOX_CPUS_MILLI" validate:"min=100,max=64000"`
 	PidsLimit      int64  `env:"SANDBOX_PIDS_LIMIT" validate:"min=16,max=65536"`
@@ -168,6 +169,7 @@ func Defaults() Config {
 		IdleTimeoutMS:   30 * 60 * 1000,
 		MaxAgeS:         24 * 3600,
 		PoolSize:        1,
+		IdleReleaseMS:   60_000,
 		MemoryMB:        512,
 		CPUs:            1000,
 		PidsLimit:       256,

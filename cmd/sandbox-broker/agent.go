@@ -12,7 +12,8 @@ import (
 
 // agentCmd runs the in-sandbox agent: `sandbox-broker agent [--socket path]
 // [--language lang] [--workdir dir] [--sweep auto|container|descendants]
-// [--no-zygote] [--allow-sandbox-clients]`. It is the sandbox container's main process.
+// [--no-zygote] [--allow-sandbox-clients] [--warm-on-request]
+// [--idle-release duration]`. It is the sandbox container's main process.
 // `sandbox-broker agent sessions` instead answers each line on stdin with
 // the live session IDs in its PID namespace (the Docker engine's stray
 // check under gVisor).
@@ -33,6 +34,8 @@ func agentCmd(ctx context.Context, args []string, stdin io.Reader, stdout, stder
 	sweep := fs.String("sweep", "auto", "which processes are killed after every run: container (all but the agent, PID 1 and the zygote), descendants (the agent's descendants only), auto (container when the agent is PID 1 or a child of PID 1 and not root)")
 	noZygote := fs.Bool("no-zygote", false, "do not start the Python zygote")
 	allowLocal := fs.Bool("allow-sandbox-clients", false, "in container sweep mode, also accept requests from processes inside the sandbox's PID namespace (refused by default)")
+	warmOnRequest := fs.Bool("warm-on-request", false, "start the language's runtime (Python zygote, Node resident) only when a ping asks for it")
+	idleRelease := fs.Duration("idle-release", 0, "stop the language's runtime after this long without a run (0: never)")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -54,6 +57,8 @@ func agentCmd(ctx context.Context, args []string, stdin io.Reader, stdout, stder
 		NoZygote:        *noZygote,
 		Log:             stderr,
 		AllowLocalPeers: *allowLocal,
+		WarmOnRequest:   *warmOnRequest,
+		IdleRelease:     *idleRelease,
 	})
 	if err != nil && ctx.Err() == nil {
 		fmt.Fprintln(stderr, err)

@@ -128,6 +128,8 @@ type notebook struct {
 // notebookRun runs req.Code as a cell of the kernel, starting one if
 // needed. The caller holds runSem; the sweep follows as after every run.
 func (s *Server) notebookRun(ctx context.Context, req Request, timeout time.Duration, limit int) Response {
+	codeLock.RLock() // see infra.go
+	defer codeLock.RUnlock()
 	nb := s.nb
 	start := time.Now()
 	deadline := start.Add(timeout)
@@ -295,7 +297,7 @@ func (nb *notebook) start(ctx context.Context, deadline time.Time) (*kernel, err
 	wait := time.Until(deadline).Seconds()
 	k.shim, err = s.startChild(false, &exec.Cmd{
 		Path:   bin,
-		Args:   []string{"python3", "-c", kernelShim, cf, strconv.FormatFloat(max(wait, 1), 'f', 1, 64)},
+		Args:   []string{"python3", "-s", "-c", kernelShim, cf, strconv.FormatFloat(max(wait, 1), 'f', 1, 64)}, // -s: no user site (cells write it)
 		Env:    s.opts.Env,
 		Dir:    "/",
 		Stdin:  inR,

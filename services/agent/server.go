@@ -66,10 +66,20 @@ type Options struct {
 	// AllowLocalPeers disables, in container sweep mode, the refusal of
 	// clients that live in the agent's own PID namespace (see peerAllowed).
 	AllowLocalPeers bool
+	// WarmOnRequest starts the language's runtime (zygote, Node resident)
+	// only when a ping asks for it (Request.Warm), not at once.
+	WarmOnRequest bool
+	// IdleRelease stops the runtimes after this long without a run (0:
+	// never); see warm.go.
+	IdleRelease time.Duration
+	// NodeToolchain is the TypeScript toolchain directory (see node.go;
+	// default: found from the typescript command).
+	NodeToolchain string
 
-	// zygoteReady, if set, is called with the pid of every zygote that
-	// became ready (tests).
-	zygoteReady func(pid int)
+	// zygoteReady, residentReady and spareReady, if set, are called with
+	// the pid of every zygote, Node resident or Node spare that became
+	// ready (tests).
+	zygoteReady, residentReady, spareReady func(pid int)
 }
 
 // BaseEnv returns the minimal environment given to runs: PATH from the
@@ -105,7 +115,12 @@ type Server struct {
 	logMu sync.Mutex
 	runN  atomic.Int64
 	zyg   *zygoteManager // nil without zygote
+	node  *nodeRuntime   // nil without a TypeScript toolchain
 	nb    *notebook
+	// lastActive is when the last run ended or the last warm request came
+	// (UnixNano); ran is set by the first run (see releaseWhenIdle).
+	lastActive atomic.Int64
+	ran        atomic.Bool
 
 	jobsMu sync.Mutex
 	nJobs  int // live jobs, at most MaxJobs
@@ -136,9 +151,22 @@ func Serve(ctx context.Context, opts Options) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	if s.zyg != nil {
-		s.zyg.start(ctx)
+		s.zyg.begin(ctx)
+	}
+	if s.node != nil {
+		s.node.begin(ctx)
+	}
+	if !opts.WarmOnRequest {
+		s.warm()
 	}
 	var wg sync.WaitGroup
+	if opts.IdleRelease > 0 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s.releaseWhenIdle(ctx)
+		}()
+	}
 	stop := context.AfterFunc(ctx, func() { ln.Close() })
 	defer stop()
 	var acceptErr error
@@ -176,6 +204,9 @@ func Serve(ctx context.Context, opts Options) error {
 	if s.zyg != nil {
 		s.zyg.shutdown()
 	}
+	if s.node != nil {
+		s.node.shutdown()
+	}
 	s.nb.shutdown() // no run is left to use it
 	_ = os.Remove(opts.Socket)
 	return acceptErr
@@ -210,6 +241,7 @@ func newServer(opts Options) (*Server, error) {
 		return nil, fmt.Errorf("agent: %w", err)
 	}
 	becomeSubreaper()
+	initInfraSession()
 	if mode == SweepContainer {
 		setDumpable(false)
 	}
@@ -218,6 +250,7 @@ func newServer(opts Options) (*Server, error) {
 	if opts.Language == LangPython && !opts.NoZygote {
 		s.zyg = newZygoteManager(s)
 	}
+	s.node = newNodeRuntime(s)
 	return s, nil
 }
 
@@ -309,7 +342,14 @@ func (s *Server) serveConn(ctx context.Context, br *bufio.Reader) (resp Response
 		return Response{}, jreq
 	}
 	if req.Language == PingLanguage {
-		return Response{Zygote: s.zyg != nil && s.zyg.ready()}, nil
+		if req.Warm {
+			s.noteActive()
+			s.warm()
+		}
+		return Response{Zygote: s.zyg != nil && s.zyg.isReady(), Warm: s.isWarm()}, nil
+	}
+	if req.Warm {
+		return Response{ExitCode: -1, Error: "bad request: warm is for pings only"}, nil
 	}
 	return s.run(ctx, req), nil
 }
@@ -455,6 +495,11 @@ func (s *Server) run(ctx context.Context, req Request) Response {
 		return Response{ExitCode: -1, Error: "agent shutting down"}
 	}
 	defer func() { <-runSem }()
+	s.ran.Store(true)
+	defer s.noteActive()
+	if !s.opts.WarmOnRequest {
+		s.warm() // again after an idle release
+	}
 	if req.Mode == ModeNotebook {
 		return s.notebookRun(ctx, req, timeout, limit)
 	}
@@ -475,7 +520,33 @@ func (s *Server) run(ctx context.Context, req Request) Response {
 			s.logf("figures: %v", err)
 		}
 	}
-	resp := s.execute(ctx, lang, cmd, path, env, timeout, limit)
+	start := time.Now()
+	if s.node != nil && (lang == LangTypeScript || lang == LangJavaScript) {
+		if lang == LangTypeScript {
+			js := filepath.Join(dir, "main.js")
+			n, diags, err := s.node.check(ctx, path, js, start.Add(timeout))
+			switch {
+			case errors.Is(err, errCheckTimeout):
+				return Response{ExitCode: -1, Signal: "SIGKILL", TimedOut: true, Stdout: []byte{},
+					Stderr:     []byte("the TypeScript type check did not finish within the timeout\n"),
+					DurationMS: time.Since(start).Milliseconds()}
+			case err != nil:
+				s.logf("no type check, running %s: %v", cmd.Argv[0], err)
+			case n > 0: // reported as tsc does; nothing runs
+				out := Response{ExitCode: 1, Stdout: []byte{}, Stderr: []byte(diags), DurationMS: time.Since(start).Milliseconds()}
+				if len(diags) > limit {
+					out.Stderr, out.Truncated = out.Stderr[:limit], true
+				}
+				return out
+			default:
+				path, cmd = js, s.node.command()
+			}
+		} else {
+			cmd = s.node.command()
+		}
+	}
+	resp := s.execute(ctx, lang, cmd, path, env, timeout-time.Since(start), limit)
+	resp.DurationMS = time.Since(start).Milliseconds()
 	s.nb.freeze()
 	return resp
 }

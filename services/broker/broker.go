@@ -62,8 +62,9 @@ type Broker struct {
 	projects  *projects.Manager // nil without a project provider
 	github    *github.Manager   // nil without GITHUB_REPOS_FILE
 	signer    *files.Signer
-	uids      *uids.Allocator // sandbox host uids, shared by the engines
-	slots     *sandbox.Slots  // the live-container cap, shared likewise
+	uids      *uids.Allocator  // sandbox host uids, shared by the engines
+	slots     *sandbox.Slots   // the live-container cap, shared likewise
+	warmups   *sandbox.Warmups // the sandboxes' background warm-ups, shared likewise
 	// Where previews are served, once ListenPreviews bound their listener;
 	// previewOff says why there is none.
 	preview    atomic.Pointer[previewSite]

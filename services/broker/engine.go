@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"time"
 
@@ -70,6 +71,9 @@ func (b *Broker) openEngine(ctx context.Context, cfg config.Config) error {
 		return fmt.Errorf("SANDBOX_UID/SANDBOX_UIDS: %w", err)
 	}
 	b.slots = sandbox.NewSlots(cfg.MaxContainers)
+	// Preloads (a CPU-second each) yield to sandbox starts and use at most
+	// half the CPUs.
+	b.warmups = sandbox.NewWarmups(runtime.NumCPU()/2, 500*time.Millisecond)
 	eng, dockerOK, err := b.openBackend(ctx, cfg, agentBin)
 	if err != nil && cfg.Backend != "auto" {
 		return fmt.Errorf("SANDBOX_BACKEND=%s cannot be used (set SANDBOX_BACKEND=auto to start without it): %s", cfg.Backend, causeText(b.redactor, err, 300))
@@ -166,6 +170,8 @@ func (b *Broker) openBackend(ctx context.Context, cfg config.Config, agentBin st
 		MemoryBytes: cfg.MemoryMB << 20,
 		PidsLimit:   cfg.PidsLimit,
 		CPUMilli:    int64(cfg.CPUs),
+		IdleRelease: time.Duration(cfg.IdleReleaseMS) * time.Millisecond,
+		Warmups:     b.warmups,
 		Log:         b.log, // the backend names its component
 		WorkspaceLimits: workspace.Limits{MaxFiles: cfg.MaxFiles, MaxBytes: cfg.MaxWorkspaceMB << 20,
 			MaxFileBytes: min(cfg.MaxWorkspaceMB<<20, 64<<20)},
@@ -188,6 +194,8 @@ func (b *Broker) openDocker(ctx context.Context, cfg config.Config, agentBin str
 		UIDs:            b.uids,
 		Slots:           b.slots,
 		IdleTimeout:     time.Duration(cfg.IdleTimeoutMS) * time.Millisecond,
+		IdleRelease:     time.Duration(cfg.IdleReleaseMS) * time.Millisecond,
+		Warmups:         b.warmups,
 		OnAcquire:       b.pm.acquired,
 		Log:             b.log, // the engine names its component
 		WorkspaceLimits: workspaceLimits(cfg),

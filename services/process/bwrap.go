@@ -181,6 +181,7 @@ func (b *Backend) agentCommand(r *runner) []string {
 		"--tmpdir", "/tmp",
 		// bwrap's init is PID 1 and the agent its child, not root.
 		"--sweep", "container",
+		"--warm-on-request", "--idle-release", b.o.IdleRelease.String(),
 	}
 }
 

@@ -77,6 +77,12 @@ type Options struct {
 	// WorkspaceLimits is each session's quota; zero fields take defaults.
 	WorkspaceLimits workspace.Limits
 	Log             zerolog.Logger
+	// IdleRelease is how long an agent keeps its language runtime (the
+	// Python zygote, the Node resident) without a run (0: always).
+	IdleRelease time.Duration
+	// Warmups orders the runtimes' warm-ups across engines; nil runs them
+	// at once.
+	Warmups *sandbox.Warmups
 }
 
 const (

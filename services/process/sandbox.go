@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -38,6 +39,10 @@ type sbx struct {
 	// sessionsBefore); guarded by the session's runMu.
 	kernelSID int
 	known     agent.SessionCache
+	// warming is set while a warm-up is pending (see warmAsync); used is
+	// when its last run ended (UnixNano).
+	warming atomic.Bool
+	used    atomic.Int64
 }
 
 func (s *sbx) alive() bool {
@@ -57,8 +62,9 @@ func (s *sbx) alive() bool {
 const wrapperScript = `read -r x <&3 && [ "$x" = go ] && exec "$@" 3<&-; exit 111`
 
 // start launches a sandbox of r with workspaceDir at /mnt/data and waits
-// for its agent (and, for python, its warm zygote).
+// for its agent; its language runtime then warms up in the background.
 func (b *Backend) start(ctx context.Context, r *runner, workspaceDir string, uid, gid int) (*sbx, error) {
+	defer b.o.Warmups.Starting()()
 	b.mu.Lock()
 	closed := b.closed
 	b.mu.Unlock()
@@ -161,15 +167,46 @@ func (b *Backend) start(ctx context.Context, r *runner, workspaceDir string, uid
 		b.log.Warn().Err(err).Str("sandbox", id).Str("stderr_tail", b.redact(s.stderr.String(), workspaceDir)).Msg("sandbox_agent_not_ready")
 		return fail(brokererr.Wrap(err, brokererr.Unavailable, "the sandbox did not become ready"))
 	}
-	if r.lang == agent.LangPython {
-		// Runs need the zygote in place before a run's session snapshot
-		// (see strays), and the first run then pays no import cost.
-		if err := agent.WaitWarm(rctx, s.socket()); err != nil {
-			b.log.Warn().Str("sandbox", id).Msg("zygote_not_warm")
-		}
-	}
+	// The first run does not wait for the runtime (it lives in the agent's
+	// session, which every stray check counts as existing: agent/infra.go).
+	b.warmAsync(s)
 	return s, nil
 }
+
+// warmAsync has sb's agent warm its language runtime in the background, in
+// its turn (Options.Warmups); at most one warm-up is pending per sandbox.
+// A sandbox unused for the agent's idle release is left cold: the agent
+// would only release it again.
+func (b *Backend) warmAsync(sb *sbx) {
+	if !agent.HasRuntime(sb.r.lang) || !sb.warming.CompareAndSwap(false, true) {
+		return
+	}
+	b.bg.Add(1)
+	go func() {
+		defer b.bg.Done()
+		defer sb.warming.Store(false)
+		ctx, cancel := context.WithTimeout(context.Background(), warmTurnLimit) // ends with sb (Close stops every sandbox)
+		defer cancel()
+		go func() {
+			select {
+			case <-sb.exited:
+				cancel()
+			case <-ctx.Done():
+			}
+		}()
+		err := agent.WarmInTurn(ctx, b.o.Warmups, sb.socket(), func() bool {
+			used := sb.used.Load()
+			return b.o.IdleRelease > 0 && used != 0 && time.Since(time.Unix(0, used)) >= b.o.IdleRelease
+		})
+		if err != nil && ctx.Err() == nil {
+			b.log.Warn().Err(err).Str("sandbox", sb.id).Msg("sandbox_not_warm")
+		}
+	}()
+}
+
+// warmTurnLimit bounds the wait for a warm-up's turn; a later cold run
+// asks again.
+const warmTurnLimit = 10 * time.Minute
 
 // stop kills the sandbox's whole tree and removes its run dir, pid file
 // and cgroup. The outer bwrap's death SIGKILLs the namespace's init

@@ -177,6 +177,10 @@ func (s *Session) Exec(ctx context.Context, req sandbox.ExecRequest) (sandbox.Ex
 		s.b.log.Warn().Err(err).Str("sandbox", sb.id).Msg("sandbox_agent_unreachable")
 		return sandbox.ExecResult{Duration: dur}, brokererr.Wrap(err, brokererr.Unavailable, "the sandbox stopped responding; it will be restarted on the next call")
 	}
+	sb.used.Store(time.Now().UnixNano())
+	if resp.Cold {
+		s.b.warmAsync(sb) // released when idle, or still warming up
+	}
 	res, err := agent.ExecResult(resp, dur)
 	if err != nil {
 		return res, err
