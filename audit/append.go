@@ -2,11 +2,15 @@ package audit
 
 import (
 	"context"
+	"crypto/hmac"
+	"database/sql"
 	"errors"
 	"fmt"
 	"time"
 
 	"golang.org/x/mod/sumdb/tlog"
+
+	"github.com/sandbox-broker/sandbox-broker/services/statedb"
 )
 
 // Append writes r as the next row in its own transaction and returns its
@@ -26,6 +30,48 @@ func (l *Log) Append(ctx context.Context, r Record) (int64, error) {
 	if l.closed {
 		return 0, ErrClosed
 	}
+	seq, err := l.insert(ctx, rec)
+	if err != nil {
+		// Resynchronise in case the commit outcome is unknown; the chain
+		// trigger rejects anything that does not follow the stored tail.
+		if rerr := l.loadState(context.WithoutCancel(ctx)); rerr != nil {
+			err = errors.Join(err, rerr)
+		}
+		return 0, err
+	}
+	if seq-l.cpSize >= int64(l.opts.CheckpointEvery) {
+		if err := l.checkpointLocked(ctx); err != nil {
+			return seq, err
+		}
+	}
+	return seq, nil
+}
+
+// insert chains rec onto the stored tail in one write transaction. The
+// transaction holds the store's write lock from its start (BEGIN
+// IMMEDIATE; on PostgreSQL the audit advisory lock), so on a store that
+// broker replicas share the tail cannot move before it commits. A tail
+// this Log did not write is verified before anything is chained onto it.
+func (l *Log) insert(ctx context.Context, rec Record) (int64, error) {
+	tx, err := l.db.BeginTx(ctx, nil)
+	if err != nil {
+		return 0, fmt.Errorf("audit: begin: %w", statedb.Classify(err))
+	}
+	defer tx.Rollback()
+	var tailSeq int64
+	var tailMAC []byte
+	err = tx.QueryRowContext(ctx, "SELECT seq, mac FROM audit ORDER BY seq DESC LIMIT 1").Scan(&tailSeq, &tailMAC)
+	if errors.Is(err, sql.ErrNoRows) {
+		tailSeq, tailMAC, err = 0, zeroMAC, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("audit: read tail: %w", statedb.Classify(err))
+	}
+	if tailSeq != l.lastSeq || !hmac.Equal(tailMAC, l.lastMAC) {
+		if err := l.loadStateFrom(ctx, tx); err != nil {
+			return 0, err
+		}
+	}
 	// Timestamps never go backwards, so Verify can check order.
 	now := l.opts.Now().UTC()
 	if now.Before(l.lastTS) {
@@ -43,54 +89,32 @@ func (l *Log) Append(ctx context.Context, r Record) (int64, error) {
 	}
 	leaf := leafHash(b)
 	mac := computeMAC(l.opts.Keys.HMACKey, seq, l.lastMAC, leaf)
-	if err := l.insert(ctx, seq, ts, rec, leaf, mac); err != nil {
-		// Resynchronise in case the commit outcome is unknown; the chain
-		// trigger rejects anything that does not follow the stored tail.
-		if rerr := l.loadState(context.WithoutCancel(ctx)); rerr != nil {
-			err = errors.Join(err, rerr)
-		}
-		return 0, err
-	}
-	l.lastSeq, l.lastMAC, l.lastTS = seq, mac, now
-	if seq-l.cpSize >= int64(l.opts.CheckpointEvery) {
-		if err := l.checkpointLocked(ctx); err != nil {
-			return seq, err
-		}
-	}
-	return seq, nil
-}
-
-func (l *Log) insert(ctx context.Context, seq int64, ts string, r Record, leaf tlog.Hash, mac []byte) error {
-	tx, err := l.db.BeginTx(ctx, nil)
-	if err != nil {
-		return fmt.Errorf("audit: begin: %w", err)
-	}
-	defer tx.Rollback()
-	o := r.Source
+	o := rec.Source
 	_, err = tx.ExecContext(ctx, `INSERT INTO audit(seq, ts, call_id, phase, principal, tool, params,
 		outcome, error_code, duration_ms, leaf, prev_mac, mac, kid,
 		body_version, transport, client_addr, user_agent, mcp_session, toolset)
 		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
-		seq, ts, r.CallID, string(r.Phase), r.Principal, r.Tool, string(r.Params),
-		string(r.Outcome), r.ErrorCode, r.DurationMS, leaf[:], l.lastMAC, mac, l.opts.Keys.KeyID,
+		seq, ts, rec.CallID, string(rec.Phase), rec.Principal, rec.Tool, string(rec.Params),
+		string(rec.Outcome), rec.ErrorCode, rec.DurationMS, leaf[:], l.lastMAC, mac, l.opts.Keys.KeyID,
 		bodyVersion, o.Transport, o.ClientAddr, o.UserAgent, o.MCPSession, o.Toolset)
 	if err != nil {
-		return fmt.Errorf("audit: insert seq %d: %w", seq, err)
+		return 0, fmt.Errorf("audit: insert seq %d: %w", seq, statedb.Classify(err))
 	}
 	hashes, err := tlog.StoredHashesForRecordHash(seq-1, leaf, hashReader{ctx: ctx, q: tx})
 	if err != nil {
-		return fmt.Errorf("audit: tree hashes: %w", err)
+		return 0, fmt.Errorf("audit: tree hashes: %w", statedb.Classify(err))
 	}
 	base := tlog.StoredHashIndex(0, seq-1)
 	for i, h := range hashes {
 		if _, err := tx.ExecContext(ctx, "INSERT INTO audit_tree(idx, hash) VALUES (?, ?)", base+int64(i), h[:]); err != nil {
-			return fmt.Errorf("audit: insert tree hash: %w", err)
+			return 0, fmt.Errorf("audit: insert tree hash: %w", statedb.Classify(err))
 		}
 	}
 	if err := tx.Commit(); err != nil {
-		return fmt.Errorf("audit: commit seq %d: %w", seq, err)
+		return 0, fmt.Errorf("audit: commit seq %d: %w", seq, statedb.Classify(err))
 	}
-	return nil
+	l.lastSeq, l.lastMAC, l.lastTS = seq, mac, now
+	return seq, nil
 }
 
 // Checkpoint signs the current tree head and appends it to the checkpoint
@@ -146,8 +170,15 @@ func (l *Log) Ping(ctx context.Context) error {
 	if err := l.db.QueryRowContext(ctx, "SELECT coalesce(max(seq), 0) FROM audit").Scan(&last); err != nil {
 		return fmt.Errorf("audit: ping: %w", err)
 	}
-	if last != l.lastSeq {
+	switch {
+	case last < l.lastSeq:
 		return fmt.Errorf("%w: last seq is %d, expected %d", ErrIntegrity, last, l.lastSeq)
+	case last > l.lastSeq:
+		// Rows this Log did not write: another replica's, which must
+		// verify (an outside writer's would not).
+		if err := l.loadState(ctx); err != nil {
+			return err
+		}
 	}
 	return l.cpErr
 }

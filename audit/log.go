@@ -112,8 +112,12 @@ func Open(ctx context.Context, opts Options) (*Log, error) {
 
 // loadState reads the last row, checks its MAC and its link to the row
 // before it, and checks the stored tree is as long as the log.
-func (l *Log) loadState(ctx context.Context) error {
-	rows, err := l.db.QueryContext(ctx, selectRow+" ORDER BY seq DESC LIMIT 2")
+func (l *Log) loadState(ctx context.Context) error { return l.loadStateFrom(ctx, l.db) }
+
+// loadStateFrom is loadState through q, which may be the append's
+// transaction (another replica appended since this Log's last row).
+func (l *Log) loadStateFrom(ctx context.Context, q queryer) error {
+	rows, err := q.QueryContext(ctx, selectRow+" ORDER BY seq DESC LIMIT 2")
 	if err != nil {
 		return fmt.Errorf("audit: read tail: %w", err)
 	}
@@ -132,7 +136,7 @@ func (l *Log) loadState(ctx context.Context) error {
 	}
 	l.lastSeq, l.lastMAC, l.lastTS = 0, zeroMAC, time.Time{}
 	if len(tail) == 0 {
-		return l.checkTreeSize(ctx, 0)
+		return checkTreeSize(ctx, q, 0)
 	}
 	last := tail[0]
 	prev := zeroMAC
@@ -158,12 +162,12 @@ func (l *Log) loadState(ctx context.Context) error {
 		return fmt.Errorf("%w: bad timestamp at seq %d", ErrIntegrity, last.Seq)
 	}
 	l.lastSeq, l.lastMAC, l.lastTS = last.Seq, last.MAC, ts
-	if err := l.checkTreeSize(ctx, last.Seq); err != nil {
+	if err := checkTreeSize(ctx, q, last.Seq); err != nil {
 		return err
 	}
 	// The stored tree must end with this row's leaf, or checkpoints signed
 	// from it would not cover what the table holds.
-	h, err := hashReader{ctx: ctx, q: l.db}.ReadHashes([]int64{tlog.StoredHashIndex(0, last.Seq-1)})
+	h, err := hashReader{ctx: ctx, q: q}.ReadHashes([]int64{tlog.StoredHashIndex(0, last.Seq-1)})
 	if err != nil {
 		return fmt.Errorf("audit: read tree: %w", err)
 	}
@@ -173,9 +177,9 @@ func (l *Log) loadState(ctx context.Context) error {
 	return nil
 }
 
-func (l *Log) checkTreeSize(ctx context.Context, n int64) error {
+func checkTreeSize(ctx context.Context, q querier, n int64) error {
 	var next int64
-	if err := l.db.QueryRowContext(ctx, "SELECT coalesce(max(idx), -1) + 1 FROM audit_tree").Scan(&next); err != nil {
+	if err := q.QueryRowContext(ctx, "SELECT coalesce(max(idx), -1) + 1 FROM audit_tree").Scan(&next); err != nil {
 		return fmt.Errorf("audit: read tree: %w", err)
 	}
 	if next != tlog.StoredHashCount(n) {
@@ -205,6 +209,12 @@ func (l *Log) checkAgainst(ctx context.Context, cp checkpoint) error {
 // querier is satisfied by *sql.DB and *sql.Tx.
 type querier interface {
 	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+}
+
+// queryer is a querier that also returns row sets.
+type queryer interface {
+	querier
+	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
 }
 
 // hashReader reads stored tree hashes for tlog.
