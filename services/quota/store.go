@@ -47,7 +47,7 @@ const (
 	sqlForget = `DELETE FROM quota_buckets WHERE principal = ?1 AND kind = ?2 AND window_start >= ?3`
 	sqlAdd    = `INSERT INTO quota_buckets (principal, kind, window_start, count)
 		VALUES (?1, ?2, ?3, ?4)
-		ON CONFLICT (principal, kind, window_start) DO UPDATE SET count = count + excluded.count`
+		ON CONFLICT (principal, kind, window_start) DO UPDATE SET count = quota_buckets.count + excluded.count`
 	sqlPrune = `DELETE FROM quota_buckets WHERE window_start < ?1`
 )
 
@@ -122,7 +122,7 @@ func (s *Store) Close() error {
 // readable (for health checks).
 func (s *Store) Ping(ctx context.Context) error {
 	var n int
-	err := s.db.QueryRowContext(ctx, `SELECT count(*) FROM (SELECT 1 FROM quota_buckets LIMIT 1)`).Scan(&n)
+	err := s.db.QueryRowContext(ctx, `SELECT count(*) FROM (SELECT 1 FROM quota_buckets LIMIT 1) AS one`).Scan(&n)
 	if err != nil {
 		return fmt.Errorf("quota: ping: %w", err)
 	}
