@@ -161,11 +161,11 @@ func New(ctx context.Context, cfg config.Config, opts Options) (b *Broker, err e
 	}
 
 	if b.audit, err = audit.Open(ctx, audit.Options{
-		Path: filepath.Join(cfg.Root, "audit.db"), CheckpointPath: filepath.Join(cfg.Root, "audit.checkpoints"), Keys: keys,
+		Path: cfg.AuditPath(), CheckpointPath: filepath.Join(cfg.Root, "audit.checkpoints"), Keys: keys,
 	}); err != nil {
 		return nil, fmt.Errorf("open audit log: %w", err)
 	}
-	if b.quota, err = quota.Open(ctx, filepath.Join(cfg.Root, "state.db"), nil); err != nil {
+	if b.quota, err = quota.Open(ctx, cfg.StatePath(), nil); err != nil {
 		return nil, fmt.Errorf("open state store: %w", err)
 	}
 	b.metrics = middleware.NewMetrics()

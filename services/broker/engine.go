@@ -67,7 +67,7 @@ func (b *Broker) openEngine(ctx context.Context, cfg config.Config) error {
 	if err != nil {
 		return fmt.Errorf("install the sandbox agent: %w", err)
 	}
-	if b.uids, err = uids.Open(ctx, filepath.Join(cfg.Root, "state.db"), cfg.SandboxUID, cfg.SandboxUIDs); err != nil {
+	if b.uids, err = uids.Open(ctx, cfg.StatePath(), cfg.SandboxUID, cfg.SandboxUIDs); err != nil {
 		return fmt.Errorf("SANDBOX_UID/SANDBOX_UIDS: %w", err)
 	}
 	b.slots = sandbox.NewSlots(cfg.MaxContainers)
@@ -83,7 +83,7 @@ func (b *Broker) openEngine(ctx context.Context, cfg config.Config) error {
 	b.backend = eng
 	b.checks = append(b.checks, check{"sandbox_backend", eng.Ping})
 	b.sandboxes, err = sessions.Open(ctx, sessions.Options{
-		DBPath:      filepath.Join(cfg.Root, "state.db"),
+		DBPath:      cfg.StatePath(),
 		Root:        cfg.Root,
 		Backend:     eng,
 		IdleTimeout: time.Duration(cfg.IdleTimeoutMS) * time.Millisecond,
@@ -97,7 +97,7 @@ func (b *Broker) openEngine(ctx context.Context, cfg config.Config) error {
 	}
 	b.checks = append(b.checks, check{"sessions", b.sandboxes.Ping})
 	if b.jobs, err = jobs.Open(ctx, jobs.Options{
-		DBPath:        filepath.Join(cfg.Root, "state.db"),
+		DBPath:        cfg.StatePath(),
 		Dir:           filepath.Join(cfg.Root, "jobs"),
 		MaxConcurrent: cfg.MaxConcurrent,
 		MaxPerSession: cfg.MaxPerSession,
@@ -321,7 +321,7 @@ func (b *Broker) openProjects(ctx context.Context, cfg config.Config, agentBin s
 		return nil
 	}
 	if b.projects, err = projects.Open(ctx, projects.Options{
-		DBPath: filepath.Join(cfg.Root, "state.db"), Provider: p, Log: logging.Component(b.log, "projects"),
+		DBPath: cfg.StatePath(), Provider: p, Log: logging.Component(b.log, "projects"),
 	}); err != nil {
 		cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		_ = p.Close(cctx)

@@ -48,7 +48,7 @@ func (b *Broker) openOAuth(ctx context.Context, cfg config.Config) error {
 	case "embedded":
 		issuer := strings.TrimSuffix(cfg.PublicBaseURL, "/")
 		accessTTL := time.Duration(cfg.OAuthAccessTTLS) * time.Second
-		store, err := oauth.OpenStore(ctx, filepath.Join(cfg.Root, "state.db"), nil)
+		store, err := oauth.OpenStore(ctx, cfg.StatePath(), nil)
 		if err != nil {
 			return err
 		}
