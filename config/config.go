@@ -40,7 +40,7 @@ type Config struct {
 	Root         string `env:"SANDBOX_ROOT" flag:"root" validate:"required"`
 	// DatabaseURL puts the shared state and the audit log in PostgreSQL
 	// (broker replicas share it); empty keeps them in SQLite under Root.
-	DatabaseURL        Secret   `env:"DATABASE_URL" validate:"omitempty,max=2048,startswith=postgres://|startswith=postgresql://"`
+	DatabaseURL        Secret   `env:"DATABASE_URL" validate:"omitempty,max=2048,postgres_url"`
 	FileSecret         Secret   `env:"FILE_SECRET" validate:"omitempty,min=32,max=512"`
 	PublicBaseURL      string   `env:"PUBLIC_BASE_URL" validate:"omitempty,http_url"`
 	RateLimitPerMinute int      `env:"RATE_LIMIT_PER_MINUTE" validate:"min=0,max=100000"`
@@ -374,6 +374,13 @@ func newValidator() *validator.Validate {
 			return false
 		}
 		return host == "" || net.ParseIP(host) != nil || v.Var(host, "hostname_rfc1123") == nil
+	})
+	// A URL pgx can parse (postgres:// or postgresql://); checked by
+	// statedb's parser when the broker opens it.
+	_ = v.RegisterValidation("postgres_url", func(fl validator.FieldLevel) bool {
+		s := fl.Field().String()
+		u, err := url.Parse(s)
+		return err == nil && (u.Scheme == "postgres" || u.Scheme == "postgresql") && u.Host != ""
 	})
 	_ = v.RegisterValidation("model_name", func(fl validator.FieldLevel) bool {
 		return modelName.MatchString(fl.Field().String())
