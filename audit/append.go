@@ -148,7 +148,7 @@ func (l *Log) writeCheckpoint(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("audit: sign checkpoint: %w", err)
 	}
-	if err := appendCheckpoint(l.opts.CheckpointPath, msg); err != nil {
+	if err := appendCheckpoint(l.opts.CheckpointPath, n, msg); err != nil {
 		return err
 	}
 	l.cpSize = n

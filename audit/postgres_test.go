@@ -10,12 +10,23 @@ import (
 
 // Two brokers (replicas) on one PostgreSQL database append concurrently:
 // the advisory lock makes them take turns, each chains onto the other's
-// rows, and the log verifies against either replica's checkpoints.
+// rows, and the log verifies against either replica's checkpoints, kept
+// in a file of each replica's own or in one file they share on one host.
 func TestReplicasShareOneChain(t *testing.T) {
+	for _, shared := range []bool{false, true} {
+		t.Run(map[bool]string{false: "own_checkpoints", true: "shared_checkpoints"}[shared], func(t *testing.T) {
+			testReplicasShareOneChain(t, shared)
+		})
+	}
+}
+
+func testReplicasShareOneChain(t *testing.T, sharedCheckpoints bool) {
 	a := newPostgresFixture(t)
 	a.opts.CheckpointEvery = 16
 	b := *a
-	b.opts.CheckpointPath = filepath.Join(t.TempDir(), "audit.checkpoints")
+	if !sharedCheckpoints {
+		b.opts.CheckpointPath = filepath.Join(t.TempDir(), "audit.checkpoints")
+	}
 	la, lb := a.open(t), b.open(t)
 	const each = 60
 	var wg sync.WaitGroup
