@@ -32,6 +32,7 @@ import (
 	"github.com/sandbox-broker/sandbox-broker/services/rootfs"
 	"github.com/sandbox-broker/sandbox-broker/services/sandbox"
 	"github.com/sandbox-broker/sandbox-broker/services/sessions"
+	"github.com/sandbox-broker/sandbox-broker/services/statedb"
 	"github.com/sandbox-broker/sandbox-broker/services/uids"
 	"github.com/sandbox-broker/sandbox-broker/tools"
 )
@@ -46,6 +47,7 @@ type Broker struct {
 	audit     *audit.Log
 	auditKeys audit.Keys // the web console's "verify now"
 	quota     *quota.Store
+	leader    *statedb.Leader // which replica runs the background loops
 	metrics   *middleware.Metrics
 	pm        *productMetrics
 	tokens    *identity.Registry // nil on stdio
@@ -166,6 +168,9 @@ func New(ctx context.Context, cfg config.Config, opts Options) (b *Broker, err e
 		return nil, fmt.Errorf("open audit log: %w", err)
 	}
 	if b.quota, err = quota.Open(ctx, cfg.StatePath(), nil); err != nil {
+		return nil, fmt.Errorf("open state store: %w", err)
+	}
+	if b.leader, err = statedb.NewLeader(cfg.StatePath()); err != nil {
 		return nil, fmt.Errorf("open state store: %w", err)
 	}
 	b.metrics = middleware.NewMetrics()
@@ -305,6 +310,9 @@ func (b *Broker) Close() error {
 	}
 	if b.modelBudget != nil {
 		errs = append(errs, b.modelBudget.Close())
+	}
+	if b.leader != nil {
+		errs = append(errs, b.leader.Close())
 	}
 	return errors.Join(errs...)
 }

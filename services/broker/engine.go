@@ -124,7 +124,8 @@ func (b *Broker) loop(fn func(context.Context)) {
 	}()
 }
 
-// every runs fn each interval, in the background, until Close.
+// every runs fn each interval, in the background, until Close, on the
+// replica that leads (with SQLite, every broker leads).
 func (b *Broker) every(interval time.Duration, fn func(context.Context)) {
 	b.loop(func(ctx context.Context) {
 		t := time.NewTicker(interval)
@@ -134,7 +135,9 @@ func (b *Broker) every(interval time.Duration, fn func(context.Context)) {
 			case <-ctx.Done():
 				return
 			case <-t.C:
-				fn(ctx)
+				if b.leader == nil || b.leader.Lead(ctx) {
+					fn(ctx)
+				}
 			}
 		}
 	})
