@@ -81,6 +81,11 @@ func (l *Leader) Close() error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.conn != nil {
+		// Unlocked now, so another replica can lead at once, rather than
+		// when the server notices the connection is gone.
+		ctx, cancel := context.WithTimeout(context.Background(), leadTimeout)
+		_, _ = l.conn.ExecContext(ctx, "SELECT pg_advisory_unlock(?)", LeaderLockKey)
+		cancel()
 		l.conn.Close()
 		l.conn = nil
 	}

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/sandbox-broker/sandbox-broker/services/statedb/statedbtest"
 )
@@ -34,11 +35,18 @@ func TestLeaderElection(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer admin.Close()
+	const held = `FROM pg_locks WHERE locktype = 'advisory' AND granted AND objid = $1
+		AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`
 	var n int
-	if err := admin.QueryRow(`SELECT count(pg_terminate_backend(pid)) FROM pg_locks
-		WHERE locktype = 'advisory' AND granted AND objid = $1
-		AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`, LeaderLockKey&0xffffffff).Scan(&n); err != nil || n != 1 {
+	if err := admin.QueryRow(`SELECT count(pg_terminate_backend(pid)) `+held, LeaderLockKey&0xffffffff).Scan(&n); err != nil || n != 1 {
 		t.Fatalf("terminate the leader's session: %d, %v", n, err)
+	}
+	// The backend exits (and its lock goes) shortly after the signal.
+	deadline := time.Now().Add(10 * time.Second)
+	for n > 0 && time.Now().Before(deadline) {
+		if err := admin.QueryRow(`SELECT count(*) `+held, LeaderLockKey&0xffffffff).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
 	}
 	if !b.Lead(ctx) {
 		t.Fatal("b did not take over from a dead leader")
