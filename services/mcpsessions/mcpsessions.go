@@ -81,7 +81,10 @@ func (s *Store) Generate() string {
 }
 
 // Validate reports whether id was terminated; an unknown or expired id is
-// an error (the MCP transport answers 404).
+// an error (the MCP transport answers 404). The broker calls Touch on the
+// same request first, which answers for the store being unreachable;
+// Validate then lets the request through rather than have the transport
+// tell the client its session is gone.
 func (s *Store) Validate(id string) (bool, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), opTimeout)
 	defer cancel()
@@ -90,9 +93,6 @@ func (s *Store) Validate(id string) (bool, error) {
 		id, s.now().Add(-IdleTTL).UnixMilli()).Scan(&terminated)
 	if errors.Is(err, sql.ErrNoRows) {
 		return false, ErrNotFound
-	}
-	if err != nil {
-		return false, statedb.Classify(err)
 	}
 	return terminated != 0, nil
 }
@@ -126,14 +126,13 @@ func (s *Store) Bind(ctx context.Context, id, principal string) error {
 	return statedb.Classify(tx.Commit())
 }
 
-// Touch checks that id is principal's live session and refreshes it. A
-// terminated session is still principal's (the transport reports it).
+// Touch checks that id is principal's live session and refreshes it.
 func (s *Store) Touch(ctx context.Context, id, principal string) error {
 	ctx, cancel := context.WithTimeout(ctx, opTimeout)
 	defer cancel()
 	now := s.now()
 	var seen int64
-	err := s.db.QueryRowContext(ctx, `SELECT last_seen FROM mcp_sessions WHERE id = ? AND principal = ? AND last_seen >= ?`,
+	err := s.db.QueryRowContext(ctx, `SELECT last_seen FROM mcp_sessions WHERE id = ? AND principal = ? AND terminated = 0 AND last_seen >= ?`,
 		id, principal, now.Add(-IdleTTL).UnixMilli()).Scan(&seen)
 	if errors.Is(err, sql.ErrNoRows) {
 		return ErrNotFound

@@ -69,6 +69,9 @@ func TestSessionsSharedAcrossReplicas(t *testing.T) {
 		if term, err := b.Validate(id); err != nil || !term {
 			t.Fatalf("terminated on a, on b: %v %v", term, err)
 		}
+		if err := b.Touch(ctx, id, "alice"); !errors.Is(err, ErrNotFound) {
+			t.Fatalf("terminated session touched: %v", err)
+		}
 		idle := a.Generate()
 		c.add(IdleTTL + time.Second)
 		if _, err := b.Validate(idle); !errors.Is(err, ErrNotFound) {
