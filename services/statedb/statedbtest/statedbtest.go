@@ -43,10 +43,13 @@ var Postgres = Store{Name: "postgres", Loc: PostgresURL}
 // Stores are the stores every store test runs against.
 var Stores = []Store{SQLite, Postgres}
 
-// Run runs fn as a subtest per store.
-func Run(t *testing.T, fn func(t *testing.T, st Store)) {
+// Run runs fn as a subtest (or sub-benchmark) per store.
+func Run[T interface {
+	testing.TB
+	Run(string, func(T)) bool
+}](t T, fn func(t T, st Store)) {
 	for _, st := range Stores {
-		t.Run(st.Name, func(t *testing.T) { fn(t, st) })
+		t.Run(st.Name, func(t T) { fn(t, st) })
 	}
 }
 
