@@ -48,7 +48,8 @@ type Broker struct {
 	audit       *audit.Log
 	auditKeys   audit.Keys // the web console's "verify now"
 	quota       *quota.Store
-	leader      *statedb.Leader // which replica runs the background loops
+	leader      *statedb.Leader   // which replica runs the background loops
+	presence    *statedb.Presence // replicas on PostgreSQL only: this one is running
 	metrics     *middleware.Metrics
 	pm          *productMetrics
 	tokens      *identity.Registry // nil on stdio
@@ -172,6 +173,9 @@ func New(ctx context.Context, cfg config.Config, opts Options) (b *Broker, err e
 		return nil, fmt.Errorf("open state store: %w", err)
 	}
 	if b.leader, err = statedb.NewLeader(cfg.StatePath()); err != nil {
+		return nil, fmt.Errorf("open state store: %w", err)
+	}
+	if err := b.openPresence(ctx, cfg); err != nil {
 		return nil, fmt.Errorf("open state store: %w", err)
 	}
 	if b.mcpSessions, err = mcpsessions.Open(ctx, cfg.StatePath(), nil); err != nil {
@@ -321,6 +325,9 @@ func (b *Broker) Close() error {
 	}
 	if b.leader != nil {
 		errs = append(errs, b.leader.Close())
+	}
+	if b.presence != nil {
+		errs = append(errs, b.presence.Close())
 	}
 	return errors.Join(errs...)
 }

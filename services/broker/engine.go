@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"net/http"
 	"os"
@@ -27,6 +28,7 @@ import (
 	"github.com/sandbox-broker/sandbox-broker/services/projects/local"
 	"github.com/sandbox-broker/sandbox-broker/services/sandbox"
 	"github.com/sandbox-broker/sandbox-broker/services/sessions"
+	"github.com/sandbox-broker/sandbox-broker/services/statedb"
 	"github.com/sandbox-broker/sandbox-broker/services/uids"
 	"github.com/sandbox-broker/sandbox-broker/services/workspace"
 	"github.com/sandbox-broker/sandbox-broker/tools"
@@ -103,6 +105,7 @@ func (b *Broker) openEngine(ctx context.Context, cfg config.Config) error {
 		MaxPerSession: cfg.MaxPerSession,
 		LogMaxBytes:   cfg.JobLogMaxBytes,
 		Log:           logging.Component(b.log, "jobs"),
+		Presence:      b.presence,
 	}); err != nil {
 		return fmt.Errorf("open jobs: %w", err)
 	}
@@ -122,6 +125,42 @@ func (b *Broker) loop(fn func(context.Context)) {
 		defer b.loops.Done()
 		fn(b.loopCtx)
 	}()
+}
+
+// presenceEvery is how often a replica re-checks (and after a PostgreSQL
+// restart, re-takes) the lock that tells the others it is running.
+const presenceEvery = 10 * time.Second
+
+// openPresence announces this broker to its replicas on PostgreSQL, so the
+// leader closes out a replica's jobs only once that replica is gone.
+func (b *Broker) openPresence(ctx context.Context, cfg config.Config) error {
+	if !statedb.IsPostgresURL(cfg.StatePath()) {
+		return nil
+	}
+	p, err := statedb.NewPresence(cfg.StatePath(), instanceID())
+	if err != nil {
+		return err
+	}
+	if !p.Keep(ctx) {
+		p.Close()
+		return errors.New("cannot take this replica's presence lock")
+	}
+	b.presence = p
+	b.loop(func(ctx context.Context) {
+		t := time.NewTicker(presenceEvery)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				if !p.Keep(ctx) {
+					b.log.Warn().Msg("replica_presence_lost")
+				}
+			}
+		}
+	})
+	return nil
 }
 
 // every runs fn each interval, in the background, until Close, on the

@@ -20,6 +20,7 @@ import (
 	"github.com/sandbox-broker/sandbox-broker/services/brokererr"
 	"github.com/sandbox-broker/sandbox-broker/services/sandbox"
 
+	"github.com/sandbox-broker/sandbox-broker/services/statedb"
 	"github.com/sandbox-broker/sandbox-broker/services/statedb/statedbtest"
 )
 
@@ -274,6 +275,24 @@ func waitFor(t *testing.T, m *Manager, principal, id string, ok func(Event) bool
 		since = out.Next
 	}
 	t.Fatal("event never came")
+}
+
+// waitEnded waits for the job's row to leave running: the closing event
+// is logged just before the row is updated.
+func waitEnded(t *testing.T, m *Manager, principal, id string) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for time.Now().Before(deadline) {
+		info, err := m.Status(context.Background(), principal, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if info.Status != StatusRunning {
+			return
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	t.Fatal("job never ended")
 }
 
 func TestCancelTrapsSIGTERM(t *testing.T) {
@@ -544,6 +563,7 @@ func testPruneDeletesEndedJobsPastRetention(t *testing.T, loc func(testing.TB) s
 	m := openTestOn(t, db, t.TempDir(), func(o *Options) { o.Retention = time.Millisecond })
 	id := start(t, m, "alice", "s1", "echo done", false)
 	waitFor(t, m, "alice", id, func(e Event) bool { return e.Type == EventExit })
+	waitEnded(t, m, "alice", id)
 	live := start(t, m, "alice", "s1", "echo ready; sleep 30", false)
 	waitFor(t, m, "alice", live, func(e Event) bool { return strings.Contains(e.Data, "ready") })
 	m.Prune(context.Background())
@@ -783,4 +803,35 @@ func FuzzLastSeqOnDisk(f *testing.F) {
 // database), handing it that store's location maker.
 func eachStore(t *testing.T, fn func(t *testing.T, loc func(testing.TB) string)) {
 	statedbtest.Run(t, func(t *testing.T, st statedbtest.Store) { fn(t, st.Loc) })
+}
+
+// Replicas on one PostgreSQL store: a replica that opens leaves the jobs
+// of a live replica running, and the leader's Prune closes out the jobs
+// of one that is gone.
+func TestReplicaJobsLostOnlyWithTheirReplica(t *testing.T) {
+	ctx := context.Background()
+	db := statedbtest.PostgresURL(t)
+	presence := func(id string) *statedb.Presence {
+		p, err := statedb.NewPresence(db, id)
+		if err != nil || !p.Keep(ctx) {
+			t.Fatalf("presence %s: %v", id, err)
+		}
+		t.Cleanup(func() { p.Close() })
+		return p
+	}
+	pa := presence("a")
+	a := openTestOn(t, db, t.TempDir(), func(o *Options) { o.Presence = pa })
+	id := start(t, a, "alice", "s1", "echo ready; sleep 30", false)
+	waitFor(t, a, "alice", id, func(e Event) bool { return strings.Contains(e.Data, "ready") })
+
+	b := openTestOn(t, db, t.TempDir(), func(o *Options) { o.Presence = presence("b") })
+	b.Prune(ctx)
+	if info, err := b.Status(ctx, "alice", id); err != nil || info.Status != StatusRunning {
+		t.Fatalf("a live replica's job after b opened and pruned: %+v %v", info, err)
+	}
+	pa.Close() // replica a is gone (its lock went with it)
+	b.Prune(ctx)
+	if info, err := b.Status(ctx, "alice", id); err != nil || info.Status != StatusError || !strings.Contains(info.Error, "restarted") {
+		t.Fatalf("a gone replica's job after Prune: %+v %v", info, err)
+	}
 }

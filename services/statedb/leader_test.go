@@ -71,3 +71,44 @@ func TestLeaderSQLiteAlwaysLeads(t *testing.T) {
 		t.Fatal("SQLite broker does not lead")
 	}
 }
+
+// A replica is alive while it holds its presence lock; once it closes (or
+// dies) the others see it gone.
+func TestPresence(t *testing.T) {
+	ctx := context.Background()
+	url := statedbtest.PostgresURL(t)
+	a, err := NewPresence(url, "a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	b, err := NewPresence(url, "b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !a.Keep(ctx) || !b.Keep(ctx) {
+		t.Fatal("Keep")
+	}
+	for _, c := range []struct {
+		who  string
+		want bool
+	}{{"a", true}, {"b", true}, {"c", false}, {"", false}} {
+		if alive, err := a.Alive(ctx, c.who); err != nil || alive != c.want {
+			t.Fatalf("Alive(%q) = %v, %v; want %v", c.who, alive, err, c.want)
+		}
+	}
+	b.Close()
+	if alive, err := a.Alive(ctx, "b"); err != nil || alive {
+		t.Fatalf("b after Close: %v, %v", alive, err)
+	}
+	s, err := NewPresence(filepath.Join(t.TempDir(), "state.db"), "s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if alive, _ := s.Alive(ctx, "s"); !alive {
+		t.Fatal("SQLite: self not alive")
+	}
+	if alive, _ := s.Alive(ctx, "other"); alive {
+		t.Fatal("SQLite: another process counted alive")
+	}
+}
