@@ -76,6 +76,8 @@ var pgDDL = []struct {
 }
 
 // PostgresDDL rewrites a schema step written for SQLite for PostgreSQL.
+// No table relies on SQLite's rowid assigning an INTEGER PRIMARY KEY: rows
+// carry their own keys, the same on both stores.
 func PostgresDDL(step string) string {
 	for _, r := range pgDDL {
 		step = r.re.ReplaceAllString(step, r.out)
