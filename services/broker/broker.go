@@ -181,7 +181,7 @@ func New(ctx context.Context, cfg config.Config, opts Options) (b *Broker, err e
 	if b.mcpSessions, err = mcpsessions.Open(ctx, cfg.StatePath(), nil); err != nil {
 		return nil, fmt.Errorf("open state store: %w", err)
 	}
-	b.every(10*time.Minute, b.mcpSessions.Prune)
+	b.lead(10*time.Minute, b.mcpSessions.Prune)
 	b.metrics = middleware.NewMetrics()
 	b.sandboxMetrics = b.metrics.NewSandboxMetrics(func() int {
 		if b.sandboxes == nil {

@@ -110,8 +110,10 @@ func (b *Broker) openEngine(ctx context.Context, cfg config.Config) error {
 		return fmt.Errorf("open jobs: %w", err)
 	}
 	b.checks = append(b.checks, check{"jobs", b.jobs.Ping})
-	b.every(time.Hour, b.jobs.Prune)
-	b.every(reapEvery(time.Duration(cfg.IdleTimeoutMS)*time.Millisecond), b.sandboxes.Reap)
+	b.lead(time.Hour, b.jobs.Prune)
+	reap := reapEvery(time.Duration(cfg.IdleTimeoutMS) * time.Millisecond)
+	b.every(reap, b.sandboxes.ReleaseIdle)
+	b.lead(reap, b.sandboxes.Expire)
 	return b.openProjects(ctx, cfg, agentBin, dockerOK)
 }
 
@@ -146,25 +148,26 @@ func (b *Broker) openPresence(ctx context.Context, cfg config.Config) error {
 		return errors.New("cannot take this replica's presence lock")
 	}
 	b.presence = p
-	b.loop(func(ctx context.Context) {
-		t := time.NewTicker(presenceEvery)
-		defer t.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-t.C:
-				if !p.Keep(ctx) {
-					b.log.Warn().Msg("replica_presence_lost")
-				}
-			}
+	b.every(presenceEvery, func(ctx context.Context) {
+		if !p.Keep(ctx) {
+			b.log.Warn().Msg("replica_presence_lost")
 		}
 	})
 	return nil
 }
 
-// every runs fn each interval, in the background, until Close, on the
-// replica that leads (with SQLite, every broker leads).
+// lead runs fn each interval, in the background, until Close, on the
+// replica that leads: work on the shared state that one replica does for
+// all (with SQLite, every broker leads).
+func (b *Broker) lead(interval time.Duration, fn func(context.Context)) {
+	b.every(interval, func(ctx context.Context) {
+		if b.leader == nil || b.leader.Lead(ctx) {
+			fn(ctx)
+		}
+	})
+}
+
+// every runs fn each interval, in the background, until Close.
 func (b *Broker) every(interval time.Duration, fn func(context.Context)) {
 	b.loop(func(ctx context.Context) {
 		t := time.NewTicker(interval)
@@ -174,9 +177,7 @@ func (b *Broker) every(interval time.Duration, fn func(context.Context)) {
 			case <-ctx.Done():
 				return
 			case <-t.C:
-				if b.leader == nil || b.leader.Lead(ctx) {
-					fn(ctx)
-				}
+				fn(ctx)
 			}
 		}
 	})
@@ -371,10 +372,10 @@ func (b *Broker) openProjects(ctx context.Context, cfg config.Config, agentBin s
 		return fmt.Errorf("open projects: %w", err)
 	}
 	b.checks = append(b.checks, check{"projects", b.projects.Ping})
-	b.every(time.Minute, b.projects.Reap)
+	b.lead(time.Minute, b.projects.Reap)
 	// Hosted sandboxes with the broker's tag but no row: at start, then
 	// now and then (a no-op for providers that cannot sweep).
 	b.loop(b.projects.Sweep)
-	b.every(30*time.Minute, b.projects.Sweep)
+	b.lead(30*time.Minute, b.projects.Sweep)
 	return nil
 }

@@ -69,7 +69,7 @@ func (b *Broker) openOAuth(ctx context.Context, cfg config.Config) error {
 		o.verifier = oauth.NewEmbeddedVerifier(issuer, resource, keys, store)
 		o.prm = server.ProtectedResourceMetadataConfig{AuthorizationServers: []string{issuer}, ScopesSupported: []string{oauth.Scope}}
 		b.checks = append(b.checks, check{"oauth_store", store.Ping})
-		b.every(time.Hour, func(ctx context.Context) {
+		b.lead(time.Hour, func(ctx context.Context) {
 			if err := o.server.Maintain(ctx); err != nil {
 				log.Error().Err(err).Msg("oauth_maintain_failed")
 			}
