@@ -25,13 +25,17 @@ const pgMaxConns = 8
 // wrapped so the store's SQL runs unchanged: placeholders are renumbered,
 // Go bools are stored as 0/1 as SQLite stores them, every read-write
 // transaction first takes the advisory lock lockKey (SQLite's BEGIN
-// IMMEDIATE across replicas), and read-only ones see one snapshot.
+// IMMEDIATE across replicas), read-only ones see one snapshot, and
+// commits are synchronous.
 func OpenPostgres(url string, lockKey int64) (*sql.DB, error) {
 	cfg, err := pgx.ParseConfig(url)
 	if err != nil {
 		// pgx's message may quote the URL, password included.
 		return nil, fmt.Errorf("state db: DATABASE_URL is not a valid PostgreSQL URL")
 	}
+	// A commit is durable when it returns, whatever the server's default
+	// (the audit log tells an intent row's caller so at once).
+	cfg.RuntimeParams["synchronous_commit"] = "on"
 	db := sql.OpenDB(pgConnector{stdlib.GetConnector(*cfg), lockKey})
 	db.SetMaxOpenConns(pgMaxConns)
 	db.SetMaxIdleConns(pgMaxConns)
