@@ -66,6 +66,7 @@ type Config struct {
 	Fallback       string `env:"SANDBOX_FALLBACK" validate:"oneof=none docker"`
 	Runtime        string `env:"SANDBOX_RUNTIME" validate:"omitempty,oneof=runc runsc"`
 	RootOverlay    string `env:"SANDBOX_ROOT_OVERLAY" validate:"oneof=auto off"` // see services/rootfs
+	RunnersDir     string `env:"SANDBOX_RUNNERS_DIR" validate:"omitempty,max=4096"`
 	TimeoutS       int    `env:"SANDBOX_TIMEOUT" validate:"min=1,max=3600"`
 	MaxTimeoutS    int    `env:"SANDBOX_MAX_TIMEOUT" validate:"min=1,max=3600,gtefield=TimeoutS"`
 	IdleTimeoutMS  int64  `env:"SANDBOX_IDLE_TIMEOUT_MS" validate:"min=1000,max=604800000"`

@@ -314,7 +314,7 @@ func TestJobStdinPartialWriteIsCounted(t *testing.T) {
 		t.Fatalf("close after the queued chunk: %v", err)
 	}
 	if x := waitDone(t, j); x.ExitCode != 0 {
-		t.Fatalf("exit %+v", x)
+		t.Fatalf("exit %+v, partial write %+v, stdout %q, stderr %q", x, part, rec.text("stdout"), rec.text("stderr"))
 	}
 	if got, want := strings.TrimSpace(rec.text("stdout")), fmt.Sprintf("ready\n%d", part.Written+part.Queued); got != want {
 		t.Fatalf("stdout %q, want %q", got, want)

@@ -152,6 +152,12 @@ const (
 // providers' alone.
 var RunLanguages = []string{LangPython, LangTypeScript, LangJavaScript, LangBash}
 
+// JobLanguageOrder is the order in which a job without a language picks its
+// runner: the first a backend has. Jobs are shell commands and every
+// runner has bash; the python runner also has the most tools, so a
+// command's environment does not depend on what the session ran before.
+var JobLanguageOrder = []string{LangPython, LangBash, LangNode, LangTypeScript, LangJavaScript}
+
 // PingLanguage makes a cheap liveness request: Request{Language:
 // PingLanguage} is answered at once with an empty, successful Response
 // (ExitCode 0, no Error) without taking the run lock or starting anything;

@@ -202,6 +202,8 @@ func (b *Broker) openBackend(ctx context.Context, cfg config.Config, agentBin st
 	}
 	eng, err := process.New(ctx, process.Options{
 		Root:        cfg.Root,
+		RunnersDir:  cfg.RunnersDir,
+		Languages:   agent.RunLanguages,
 		AgentBinary: agentBin,
 		UIDs:        b.uids,
 		MemoryBytes: cfg.MemoryMB << 20,

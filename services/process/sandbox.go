@@ -20,6 +20,7 @@ import (
 // sbx is one running sandbox: the bwrap process tree of a session's agent.
 type sbx struct {
 	id      string
+	r       *runner
 	runDir  string // host <Root>/run/p-<id>, bound at agent.SocketDir (rw)
 	pidFile string // host <Root>/run/p-<id>.pid: "pid starttime" of bwrap
 	cmd     *exec.Cmd
@@ -55,9 +56,9 @@ func (s *sbx) alive() bool {
 // dies first, read fails and nothing starts.
 const wrapperScript = `read -r x <&3 && [ "$x" = go ] && exec "$@" 3<&-; exit 111`
 
-// start launches a sandbox with workspaceDir at /mnt/data and waits for its
-// agent (and, for python, its warm zygote).
-func (b *Backend) start(ctx context.Context, workspaceDir string, uid, gid int) (*sbx, error) {
+// start launches a sandbox of r with workspaceDir at /mnt/data and waits
+// for its agent (and, for python, its warm zygote).
+func (b *Backend) start(ctx context.Context, r *runner, workspaceDir string, uid, gid int) (*sbx, error) {
 	b.mu.Lock()
 	closed := b.closed
 	b.mu.Unlock()
@@ -67,6 +68,7 @@ func (b *Backend) start(ctx context.Context, workspaceDir string, uid, gid int) 
 	id := sandbox.NewID()
 	s := &sbx{
 		id:      id,
+		r:       r,
 		runDir:  filepath.Join(b.o.Root, "run", "p-"+id),
 		exited:  make(chan struct{}),
 		stderr:  &tailBuffer{max: 2048},
@@ -87,26 +89,26 @@ func (b *Backend) start(ctx context.Context, workspaceDir string, uid, gid int) 
 	}
 	s.cg = cg
 
-	r, w, err := os.Pipe()
+	pr, w, err := os.Pipe()
 	if err != nil {
 		cleanup()
 		return nil, brokererr.Wrap(err, brokererr.InternalError, "cannot start a sandbox")
 	}
-	args := append([]string{"-c", wrapperScript, "sandbox-wrapper"}, b.prlimitArgs()...)
+	args := append([]string{"-c", wrapperScript, "sandbox-wrapper"}, b.prlimitArgs(r)...)
 	args = append(args, b.o.Bwrap)
-	args = append(args, b.bwrapArgs(workspaceDir, s.runDir, b.agentCommand())...)
+	args = append(args, b.bwrapArgs(r, workspaceDir, s.runDir, b.agentCommand(r))...)
 	cmd := &exec.Cmd{
 		Path:        "/bin/sh",
 		Args:        append([]string{"sh"}, args...),
 		Env:         []string{"PATH=/usr/bin:/bin"},
 		Dir:         "/",
 		Stderr:      s.stderr,
-		ExtraFiles:  []*os.File{r},
+		ExtraFiles:  []*os.File{pr},
 		SysProcAttr: b.sysProcAttr(uid, gid),
 		WaitDelay:   2 * time.Second,
 	}
 	err = cmd.Start()
-	r.Close()
+	pr.Close()
 	if err != nil {
 		w.Close()
 		cleanup()
@@ -159,7 +161,7 @@ func (b *Backend) start(ctx context.Context, workspaceDir string, uid, gid int) 
 		b.log.Warn().Err(err).Str("sandbox", id).Str("stderr_tail", b.redact(s.stderr.String(), workspaceDir)).Msg("sandbox_agent_not_ready")
 		return fail(brokererr.Wrap(err, brokererr.Unavailable, "the sandbox did not become ready"))
 	}
-	if _, ok := b.runners[agent.LangPython]; ok {
+	if r.lang == agent.LangPython {
 		// Runs need the zygote in place before a run's session snapshot
 		// (see strays), and the first run then pays no import cost.
 		if err := agent.WaitWarm(rctx, s.socket()); err != nil {
