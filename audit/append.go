@@ -17,13 +17,15 @@ import (
 // durable (fsynced) when Append returns; an outcome row is committed: it
 // is visible to readers and survives the broker's crash at once, and a
 // power loss once the next intent row, the next checkpoint or SyncDelay
-// has synced the log (see syncer). Any error means the row must be
+// has synced the log (see syncer; on PostgreSQL every row is durable
+// once committed, see committed). Any error means the row must be
 // treated as not written and the caller should refuse the action. If the
 // row was written but the checkpoint its batch triggered failed, Append
 // returns the seq and the checkpoint error.
 //
 // Concurrent callers' rows are written by one writer goroutine in one
-// transaction, so they share one fsync (group commit).
+// transaction, so they share one fsync (group commit); on PostgreSQL,
+// one commit under the audit advisory lock.
 func (l *Log) Append(ctx context.Context, r Record) (int64, error) {
 	rec, err := normalise(r)
 	if err != nil {
