@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net"
 	"net/url"
+	"path/filepath"
 	"reflect"
 	"regexp"
 	"slices"
@@ -30,13 +31,16 @@ func (s Secret) MarshalText() ([]byte, error) { return []byte("[REDACTED]"), nil
 // sets each field; flags (the flag tag), where they exist, override the
 // environment.
 type Config struct {
-	Transport          string   `env:"MCP_TRANSPORT" flag:"transport" validate:"oneof=stdio http"`
-	Addr               string   `env:"MCP_HTTP_ADDR" flag:"addr" validate:"listen_addr"`
-	APIToken           Secret   `env:"MCP_API_TOKEN" validate:"omitempty,min=16,max=512,printascii"`
-	APIPrincipal       string   `env:"MCP_API_PRINCIPAL" validate:"principal"`
-	APITier            string   `env:"MCP_API_TIER" validate:"oneof=free pro"`
-	TokensFile         string   `env:"MCP_TOKENS_FILE" validate:"omitempty,filepath"`
-	Root               string   `env:"SANDBOX_ROOT" flag:"root" validate:"required"`
+	Transport    string `env:"MCP_TRANSPORT" flag:"transport" validate:"oneof=stdio http"`
+	Addr         string `env:"MCP_HTTP_ADDR" flag:"addr" validate:"listen_addr"`
+	APIToken     Secret `env:"MCP_API_TOKEN" validate:"omitempty,min=16,max=512,printascii"`
+	APIPrincipal string `env:"MCP_API_PRINCIPAL" validate:"principal"`
+	APITier      string `env:"MCP_API_TIER" validate:"oneof=free pro"`
+	TokensFile   string `env:"MCP_TOKENS_FILE" validate:"omitempty,filepath"`
+	Root         string `env:"SANDBOX_ROOT" flag:"root" validate:"required"`
+	// DatabaseURL puts the shared state and the audit log in PostgreSQL
+	// (broker replicas share it); empty keeps them in SQLite under Root.
+	DatabaseURL        Secret   `env:"DATABASE_URL" validate:"omitempty,max=2048,postgres_url"`
 	FileSecret         Secret   `env:"FILE_SECRET" validate:"omitempty,min=32,max=512"`
 	PublicBaseURL      string   `env:"PUBLIC_BASE_URL" validate:"omitempty,http_url"`
 	RateLimitPerMinute int      `env:"RATE_LIMIT_PER_MINUTE" validate:"min=0,max=100000"`
@@ -209,7 +213,25 @@ func Defaults() Config {
 // SecretValues lists every configured secret, for the redactor.
 func (c Config) SecretValues() []string {
 	return []string{c.APIToken.Reveal(), c.FileSecret.Reveal(), c.FileSecretPrev.Reveal(), c.AuditHMACKey.Reveal(), c.CSBAPIKey.Reveal(),
-		c.AnthropicAPIKey.Reveal()}
+		c.AnthropicAPIKey.Reveal(), c.DatabaseURL.Reveal()}
+}
+
+// StatePath is where the shared state lives: DATABASE_URL, or state.db
+// under Root.
+func (c Config) StatePath() string {
+	if c.DatabaseURL != "" {
+		return c.DatabaseURL.Reveal()
+	}
+	return filepath.Join(c.Root, "state.db")
+}
+
+// AuditPath is where the audit log lives: DATABASE_URL, or audit.db under
+// Root. Its checkpoints stay under Root either way (per replica).
+func (c Config) AuditPath() string {
+	if c.DatabaseURL != "" {
+		return c.DatabaseURL.Reveal()
+	}
+	return filepath.Join(c.Root, "audit.db")
 }
 
 // TasksEnabled reports whether agent tasks are configured: a model API key
@@ -368,6 +390,13 @@ func newValidator() *validator.Validate {
 			return false
 		}
 		return host == "" || net.ParseIP(host) != nil || v.Var(host, "hostname_rfc1123") == nil
+	})
+	// A URL pgx can parse (postgres:// or postgresql://); checked by
+	// statedb's parser when the broker opens it.
+	_ = v.RegisterValidation("postgres_url", func(fl validator.FieldLevel) bool {
+		s := fl.Field().String()
+		u, err := url.Parse(s)
+		return err == nil && (u.Scheme == "postgres" || u.Scheme == "postgresql") && u.Host != ""
 	})
 	_ = v.RegisterValidation("model_name", func(fl validator.FieldLevel) bool {
 		return modelName.MatchString(fl.Field().String())

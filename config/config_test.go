@@ -120,7 +120,7 @@ func TestEnvParsing(t *testing.T) {
 	if c.IsLoopback() {
 		t.Error("0.0.0.0 is not loopback")
 	}
-	if got := c.SecretValues(); !reflect.DeepEqual(got, []string{apiToken, fileSecret, fileSecret + "-old", hmacKey, "csb_v1_0123456789", "sk-ant-test-0123456789"}) {
+	if got := c.SecretValues(); !reflect.DeepEqual(got, []string{apiToken, fileSecret, fileSecret + "-old", hmacKey, "csb_v1_0123456789", "sk-ant-test-0123456789", ""}) {
 		t.Errorf("SecretValues = %v", got)
 	}
 }

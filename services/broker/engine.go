@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -27,6 +28,7 @@ import (
 	"github.com/sandbox-broker/sandbox-broker/services/projects/local"
 	"github.com/sandbox-broker/sandbox-broker/services/sandbox"
 	"github.com/sandbox-broker/sandbox-broker/services/sessions"
+	"github.com/sandbox-broker/sandbox-broker/services/statedb"
 	"github.com/sandbox-broker/sandbox-broker/services/uids"
 	"github.com/sandbox-broker/sandbox-broker/services/workspace"
 	"github.com/sandbox-broker/sandbox-broker/tools"
@@ -67,7 +69,7 @@ func (b *Broker) openEngine(ctx context.Context, cfg config.Config) error {
 	if err != nil {
 		return fmt.Errorf("install the sandbox agent: %w", err)
 	}
-	if b.uids, err = uids.Open(ctx, filepath.Join(cfg.Root, "state.db"), cfg.SandboxUID, cfg.SandboxUIDs); err != nil {
+	if b.uids, err = uids.Open(ctx, cfg.StatePath(), cfg.SandboxUID, cfg.SandboxUIDs); err != nil {
 		return fmt.Errorf("SANDBOX_UID/SANDBOX_UIDS: %w", err)
 	}
 	b.slots = sandbox.NewSlots(cfg.MaxContainers)
@@ -86,7 +88,7 @@ func (b *Broker) openEngine(ctx context.Context, cfg config.Config) error {
 	b.backend = eng
 	b.checks = append(b.checks, check{"sandbox_backend", eng.Ping})
 	b.sandboxes, err = sessions.Open(ctx, sessions.Options{
-		DBPath:      filepath.Join(cfg.Root, "state.db"),
+		DBPath:      cfg.StatePath(),
 		Root:        cfg.Root,
 		Backend:     eng,
 		IdleTimeout: time.Duration(cfg.IdleTimeoutMS) * time.Millisecond,
@@ -100,18 +102,21 @@ func (b *Broker) openEngine(ctx context.Context, cfg config.Config) error {
 	}
 	b.checks = append(b.checks, check{"sessions", b.sandboxes.Ping})
 	if b.jobs, err = jobs.Open(ctx, jobs.Options{
-		DBPath:        filepath.Join(cfg.Root, "state.db"),
+		DBPath:        cfg.StatePath(),
 		Dir:           filepath.Join(cfg.Root, "jobs"),
 		MaxConcurrent: cfg.MaxConcurrent,
 		MaxPerSession: cfg.MaxPerSession,
 		LogMaxBytes:   cfg.JobLogMaxBytes,
 		Log:           logging.Component(b.log, "jobs"),
+		Presence:      b.presence,
 	}); err != nil {
 		return fmt.Errorf("open jobs: %w", err)
 	}
 	b.checks = append(b.checks, check{"jobs", b.jobs.Ping})
-	b.every(time.Hour, b.jobs.Prune)
-	b.every(reapEvery(time.Duration(cfg.IdleTimeoutMS)*time.Millisecond), b.sandboxes.Reap)
+	b.lead(time.Hour, b.jobs.Prune)
+	reap := reapEvery(time.Duration(cfg.IdleTimeoutMS) * time.Millisecond)
+	b.every(reap, b.sandboxes.ReleaseIdle)
+	b.lead(reap, b.sandboxes.Expire)
 	return b.openProjects(ctx, cfg, agentBin, dockerOK)
 }
 
@@ -125,6 +130,44 @@ func (b *Broker) loop(fn func(context.Context)) {
 		defer b.loops.Done()
 		fn(b.loopCtx)
 	}()
+}
+
+// presenceEvery is how often a replica re-checks (and after a PostgreSQL
+// restart, re-takes) the lock that tells the others it is running.
+const presenceEvery = 10 * time.Second
+
+// openPresence announces this broker to its replicas on PostgreSQL, so the
+// leader closes out a replica's jobs only once that replica is gone.
+func (b *Broker) openPresence(ctx context.Context, cfg config.Config) error {
+	if !statedb.IsPostgresURL(cfg.StatePath()) {
+		return nil
+	}
+	p, err := statedb.NewPresence(cfg.StatePath(), instanceID())
+	if err != nil {
+		return err
+	}
+	if !p.Keep(ctx) {
+		p.Close()
+		return errors.New("cannot take this replica's presence lock")
+	}
+	b.presence = p
+	b.every(presenceEvery, func(ctx context.Context) {
+		if !p.Keep(ctx) {
+			b.log.Warn().Msg("replica_presence_lost")
+		}
+	})
+	return nil
+}
+
+// lead runs fn each interval, in the background, until Close, on the
+// replica that leads: work on the shared state that one replica does for
+// all (with SQLite, every broker leads).
+func (b *Broker) lead(interval time.Duration, fn func(context.Context)) {
+	b.every(interval, func(ctx context.Context) {
+		if b.leader == nil || b.leader.Lead(ctx) {
+			fn(ctx)
+		}
+	})
 }
 
 // every runs fn each interval, in the background, until Close.
@@ -339,7 +382,7 @@ func (b *Broker) openProjects(ctx context.Context, cfg config.Config, agentBin s
 		return nil
 	}
 	if b.projects, err = projects.Open(ctx, projects.Options{
-		DBPath: filepath.Join(cfg.Root, "state.db"), Provider: p, Log: logging.Component(b.log, "projects"),
+		DBPath: cfg.StatePath(), Provider: p, Log: logging.Component(b.log, "projects"),
 	}); err != nil {
 		cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		_ = p.Close(cctx)
@@ -347,10 +390,10 @@ func (b *Broker) openProjects(ctx context.Context, cfg config.Config, agentBin s
 		return fmt.Errorf("open projects: %w", err)
 	}
 	b.checks = append(b.checks, check{"projects", b.projects.Ping})
-	b.every(time.Minute, b.projects.Reap)
+	b.lead(time.Minute, b.projects.Reap)
 	// Hosted sandboxes with the broker's tag but no row: at start, then
 	// now and then (a no-op for providers that cannot sweep).
 	b.loop(b.projects.Sweep)
-	b.every(30*time.Minute, b.projects.Sweep)
+	b.lead(30*time.Minute, b.projects.Sweep)
 	return nil
 }

@@ -1,0 +1,37 @@
+package statedb
+
+import (
+	"database/sql/driver"
+	"errors"
+	"io"
+	"net"
+	"strings"
+
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/sandbox-broker/sandbox-broker/services/brokererr"
+)
+
+// Classify turns a failure to reach the PostgreSQL server (down,
+// restarting, connection cut) into a retryable UNAVAILABLE: the statement
+// did not commit, so the same call can be sent again. Anything else is
+// returned as it is.
+func Classify(err error) error {
+	if err == nil || !unreachable(err) {
+		return err
+	}
+	return brokererr.Wrap(err, brokererr.Unavailable, "the state store is unavailable (restarting or unreachable); retry shortly")
+}
+
+func unreachable(err error) bool {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		// 08: connection exception; 57P0x: admin/crash shutdown, cannot
+		// connect now.
+		return strings.HasPrefix(pgErr.Code, "08") || strings.HasPrefix(pgErr.Code, "57P0")
+	}
+	var netErr net.Error
+	var connErr *pgconn.ConnectError
+	return errors.Is(err, driver.ErrBadConn) || errors.As(err, &connErr) || errors.As(err, &netErr) ||
+		pgconn.SafeToRetry(err) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, net.ErrClosed)
+}
