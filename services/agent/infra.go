@@ -56,27 +56,7 @@ func (s *Server) startInfra(c *exec.Cmd, ownGroup bool) (*child, error) {
 	if c.WaitDelay == 0 {
 		c.WaitDelay = time.Second
 	}
-	spawnMu.Lock()
-	err := c.Start()
-	if err == nil {
-		protected[c.Process.Pid] = true
-		managed[c.Process.Pid] = true
-	}
-	spawnMu.Unlock()
-	if err != nil {
-		return nil, err
-	}
-	ch := &child{pid: c.Process.Pid, done: make(chan struct{})}
-	go func() {
-		_ = c.Wait()
-		spawnMu.Lock()
-		delete(protected, ch.pid)
-		delete(managed, ch.pid)
-		spawnMu.Unlock()
-		ch.state = c.ProcessState
-		close(ch.done)
-	}()
-	return ch, nil
+	return startRegistered(c, protected)
 }
 
 // unprotect makes pid an ordinary run for the sweep: a Node spare that

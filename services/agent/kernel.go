@@ -388,11 +388,17 @@ func writeConnectionFile(dir string) (string, error) {
 func (s *Server) startChild(setsid bool, c *exec.Cmd) (*child, error) {
 	c.SysProcAttr = &syscall.SysProcAttr{Setsid: setsid, Setpgid: !setsid}
 	c.WaitDelay = time.Second
+	return startRegistered(c, notebookProcs)
+}
+
+// startRegistered starts c and, until it has been waited for, lists it as
+// managed and in set (under spawnMu, so the sweep never sees it unlisted).
+func startRegistered(c *exec.Cmd, set map[int]bool) (*child, error) {
 	spawnMu.Lock()
 	err := c.Start()
 	if err == nil {
 		managed[c.Process.Pid] = true
-		notebookProcs[c.Process.Pid] = true
+		set[c.Process.Pid] = true
 	}
 	spawnMu.Unlock()
 	if err != nil {
@@ -403,7 +409,7 @@ func (s *Server) startChild(setsid bool, c *exec.Cmd) (*child, error) {
 		_ = c.Wait()
 		spawnMu.Lock()
 		delete(managed, ch.pid)
-		delete(notebookProcs, ch.pid)
+		delete(set, ch.pid)
 		spawnMu.Unlock()
 		ch.state = c.ProcessState
 		close(ch.done)
