@@ -10,6 +10,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"os/signal"
 	"path/filepath"
 	"sync"
 	"sync/atomic"
@@ -139,6 +140,7 @@ func Serve(ctx context.Context, opts Options) error {
 		return err
 	}
 	reserveThreads(spareThreads)
+	defaultIgnoredSignals()
 	_ = os.Remove(opts.Socket)
 	ln, err := net.Listen("unix", opts.Socket)
 	if err != nil {
@@ -549,4 +551,22 @@ func (s *Server) run(ctx context.Context, req Request) Response {
 	resp.DurationMS = time.Since(start).Milliseconds()
 	s.nb.freeze()
 	return resp
+}
+
+// defaultIgnoredSignals undoes, for what the agent starts, SIGHUP and
+// SIGINT inherited as ignored (a broker under nohup, a shell's `&`): an
+// ignored signal stays ignored across exec, so every run and job would
+// ignore the HUP and INT the job tools send, and a shell could not even
+// trap them. A handler (whose signals are dropped, so the agent still
+// ignores them) is reset to the default at exec.
+func defaultIgnoredSignals() {
+	var sigs []os.Signal
+	for _, sig := range []os.Signal{syscall.SIGHUP, syscall.SIGINT} {
+		if signal.Ignored(sig) {
+			sigs = append(sigs, sig)
+		}
+	}
+	if len(sigs) > 0 {
+		signal.Notify(make(chan os.Signal, 1), sigs...)
+	}
 }
