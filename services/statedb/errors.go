@@ -20,6 +20,9 @@ func Classify(err error) error {
 	if err == nil || !unreachable(err) {
 		return err
 	}
+	if e := brokererr.As(err); e != nil && e.Code != brokererr.InternalError {
+		return err // already says what went wrong (FILE_NOT_FOUND, ...)
+	}
 	return brokererr.Wrap(err, brokererr.Unavailable, "the state store is unavailable (restarting or unreachable); retry shortly")
 }
 
@@ -30,8 +33,10 @@ func unreachable(err error) bool {
 		// connect now.
 		return strings.HasPrefix(pgErr.Code, "08") || strings.HasPrefix(pgErr.Code, "57P0")
 	}
-	var netErr net.Error
+	// *net.OpError, not net.Error: every syscall.Errno is a net.Error, and
+	// a file's ENOENT is no sign of a store out of reach.
+	var opErr *net.OpError
 	var connErr *pgconn.ConnectError
-	return errors.Is(err, driver.ErrBadConn) || errors.As(err, &connErr) || errors.As(err, &netErr) ||
+	return errors.Is(err, driver.ErrBadConn) || errors.As(err, &connErr) || errors.As(err, &opErr) ||
 		pgconn.SafeToRetry(err) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, net.ErrClosed)
 }
