@@ -15,13 +15,20 @@ import (
 // runnerTpl is the operator's runner template in the fake (CSB_RUNNER_TEMPLATE).
 const runnerTpl = "runtpl"
 
-// hostedBroker is a broker whose sessions run in the fake's VMs, which
-// run commands for real (csbfake.WithRealShell).
-func hostedBroker(t *testing.T, extra map[string]string) (*csbfake.Server, *Broker, *client.Client) {
+// hostedFake is a fake CodeSandbox with the runner template, whose VMs
+// run commands for real (csbfake.WithRealShell), and the environment of a
+// broker whose sessions run there.
+func hostedFake(t *testing.T) (*csbfake.Server, map[string]string) {
 	t.Helper()
 	fake := csbfake.New(t, csbKey, csbfake.WithRealShell())
 	fake.AddTemplate(runnerTpl, nil, 0)
-	env := map[string]string{"SANDBOX_BACKEND": "codesandbox", "CSB_API_KEY": csbKey, "CSB_API_URL": fake.URL(), "CSB_RUNNER_TEMPLATE": runnerTpl}
+	return fake, map[string]string{"SANDBOX_BACKEND": "codesandbox", "CSB_API_KEY": csbKey, "CSB_API_URL": fake.URL(), "CSB_RUNNER_TEMPLATE": runnerTpl}
+}
+
+// hostedBroker is a broker whose sessions run in the fake's VMs.
+func hostedBroker(t *testing.T, extra map[string]string) (*csbfake.Server, *Broker, *client.Client) {
+	t.Helper()
+	fake, env := hostedFake(t)
 	for k, v := range extra {
 		env[k] = v
 	}

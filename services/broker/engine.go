@@ -163,11 +163,22 @@ func (b *Broker) openPresence(ctx context.Context, cfg config.Config) error {
 // replica that leads: work on the shared state that one replica does for
 // all (with SQLite, every broker leads).
 func (b *Broker) lead(interval time.Duration, fn func(context.Context)) {
-	b.every(interval, func(ctx context.Context) {
+	b.every(interval, b.ifLeading(fn))
+}
+
+// sweep is lead for a sweep that also runs once at start.
+func (b *Broker) sweep(interval time.Duration, fn func(context.Context)) {
+	b.loop(b.ifLeading(fn))
+	b.lead(interval, fn)
+}
+
+// ifLeading is fn, run only while this replica leads.
+func (b *Broker) ifLeading(fn func(context.Context)) func(context.Context) {
+	return func(ctx context.Context) {
 		if b.leader == nil || b.leader.Lead(ctx) {
 			fn(ctx)
 		}
-	})
+	}
 }
 
 // every runs fn each interval, in the background, until Close.
@@ -393,7 +404,6 @@ func (b *Broker) openProjects(ctx context.Context, cfg config.Config, agentBin s
 	b.lead(time.Minute, b.projects.Reap)
 	// Hosted sandboxes with the broker's tag but no row: at start, then
 	// now and then (a no-op for providers that cannot sweep).
-	b.loop(b.projects.Sweep)
-	b.lead(30*time.Minute, b.projects.Sweep)
+	b.sweep(30*time.Minute, b.projects.Sweep)
 	return nil
 }

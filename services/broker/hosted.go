@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"net/http"
-	"path/filepath"
 	"time"
 
 	"github.com/sandbox-broker/sandbox-broker/config"
@@ -29,7 +28,7 @@ func (b *Broker) openHosted(ctx context.Context, cfg config.Config, agentBin str
 		Network:         cfg.CSBVMNetwork,
 		IdleTimeout:     time.Duration(cfg.IdleTimeoutMS) * time.Millisecond,
 		WorkspaceLimits: workspaceLimits(cfg),
-		DBPath:          filepath.Join(cfg.Root, "state.db"),
+		DBPath:          cfg.StatePath(),
 		Log:             b.log,
 	})
 	if err != nil {
@@ -42,8 +41,7 @@ func (b *Broker) openHosted(ctx context.Context, cfg config.Config, agentBin str
 			b.log.Info().Int("deleted", n).Msg("csb_session_sweep")
 		}
 	}
-	b.loop(sweep)
-	b.every(30*time.Minute, sweep)
+	b.sweep(30*time.Minute, sweep)
 	if cfg.Fallback != "docker" {
 		return h, false, nil
 	}

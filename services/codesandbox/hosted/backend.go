@@ -64,7 +64,8 @@ type Options struct {
 	// MaxSyncFileBytes is the largest file copied between the VM and the
 	// host (default 24 MiB, below the agent's 32 MiB message limit).
 	MaxSyncFileBytes int64
-	// DBPath is state.db (table csb_sessions).
+	// DBPath is the state store: state.db or DATABASE_URL (table
+	// csb_sessions), shared by replicas.
 	DBPath string
 	// Tag marks the broker's session VMs (default DefaultTag); Sweep
 	// deletes tagged VMs no session owns.
@@ -175,13 +176,9 @@ func (b *Backend) Open(ctx context.Context, ref sandbox.SessionRef) (sandbox.Ses
 	if !validWorkspaceID(ref.WorkspaceID) || ref.Dir == "" {
 		return nil, brokererr.New(brokererr.InvalidInput, "invalid workspace")
 	}
-	principal, sandboxID, err := b.db.get(ctx, ref.WorkspaceID)
+	sandboxID, err := b.sessionVM(ctx, ref)
 	if err != nil {
-		return nil, brokererr.Wrap(err, brokererr.Unavailable, "session store unavailable")
-	}
-	if sandboxID != "" && principal != ref.Principal {
-		b.log.Error().Str("workspace_id", ref.WorkspaceID).Msg("csb_session_principal_mismatch")
-		return nil, brokererr.New(brokererr.SandboxNotFound, "no such session")
+		return nil, err
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -195,6 +192,20 @@ func (b *Backend) Open(ctx context.Context, ref sandbox.SessionRef) (sandbox.Ses
 		b.vms[ref.WorkspaceID] = v
 	}
 	return &Session{b: b, ref: ref, v: v}, nil
+}
+
+// sessionVM returns the VM the store names for ref's workspace ("" for
+// none yet). A row naming another principal is refused.
+func (b *Backend) sessionVM(ctx context.Context, ref sandbox.SessionRef) (string, error) {
+	principal, sandboxID, err := b.db.get(ctx, ref.WorkspaceID)
+	if err != nil {
+		return "", brokererr.Wrap(err, brokererr.Unavailable, "session store unavailable")
+	}
+	if sandboxID != "" && principal != ref.Principal {
+		b.log.Error().Str("workspace_id", ref.WorkspaceID).Msg("csb_session_principal_mismatch")
+		return "", brokererr.New(brokererr.SandboxNotFound, "no such session")
+	}
+	return sandboxID, nil
 }
 
 func validWorkspaceID(s string) bool {

@@ -334,6 +334,40 @@ func TestSessionIsItsPrincipals(t *testing.T) {
 	}
 }
 
+// TestReplicaJoinsTheSessionVM: two backends on one store and one root
+// (two broker replicas). One opened the session before the other forked
+// its VM: its first run joins that VM rather than forking a second. A row
+// naming another principal is refused, as Open refuses it.
+func TestReplicaJoinsTheSessionVM(t *testing.T) {
+	e := newEnv(t, nil)
+	b2, err := New(ctx(t), e.b.o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b2.Close(ctx(t))
+	replica := &env{t: t, fake: e.fake, b: b2, root: e.root}
+	early, mallory := e.open(wid1, "alice"), e.open(wid2, "mallory")
+	run(t, replica.open(wid1, "alice"), "bash", "echo kept > f")
+	run(t, replica.open(wid2, "bob"), "bash", "true")
+	if r := run(t, early, "bash", "cat f"); string(r.Stdout) != "kept\n" {
+		t.Fatalf("the joining replica's run: %q", r.Stdout)
+	}
+	forks := 0
+	for _, r := range e.fake.Requests() {
+		if r.Method == "POST" && r.Path == "/sandbox/"+runnerTemplate+"/fork" {
+			forks++
+		}
+	}
+	if early.v.id() != replica.vmID(wid1) || forks != 2 {
+		t.Fatalf("VMs %s and %s, %d forks for two sessions", early.v.id(), replica.vmID(wid1), forks)
+	}
+	_, err = mallory.Exec(ctx(t), sandbox.ExecRequest{Language: "bash", Code: "true"})
+	wantCode(t, err, brokererr.SandboxNotFound)
+	if _, sb, _ := e.b.db.get(ctx(t), wid2); sb != replica.vmID(wid2) {
+		t.Fatalf("bob's row names %q after the refusal, want %s", sb, replica.vmID(wid2))
+	}
+}
+
 func TestDestroy(t *testing.T) {
 	e := newEnv(t, nil)
 	s := e.open(wid1, "alice")

@@ -11,7 +11,8 @@ import (
 
 // store maps a session's workspace to its VM: the only place a VM ID
 // comes from (never a tool argument), kept with the principal the
-// session belongs to. Table csb_sessions in state.db.
+// session belongs to. Table csb_sessions in the state store (shared by
+// replicas on DATABASE_URL).
 type store struct{ db *sql.DB }
 
 // schema is the table's migration steps (services/migrate).

@@ -104,6 +104,15 @@ func (s *Session) connect(ctx context.Context) (*codesandbox.Pitcher, string, er
 			return v.conn, "", nil
 		}
 	}
+	if v.id() == "" {
+		// Another replica may have forked the session's VM since Open:
+		// join it rather than fork a second.
+		id, err := s.b.sessionVM(ctx, s.ref)
+		if err != nil {
+			return nil, "", err
+		}
+		v.sandboxID.Store(id)
+	}
 	for attempt := 0; ; attempt++ {
 		start, err := s.startVM(ctx)
 		if brokererr.CodeOf(err) == brokererr.SandboxNotFound && attempt == 0 {
