@@ -36,9 +36,9 @@ func (b *Broker) openHosted(ctx context.Context, cfg config.Config, agentBin str
 	}
 	sweep := func(ctx context.Context) {
 		if n, err := h.Sweep(ctx); err != nil {
-			b.log.Warn().Str("error_code", string(brokererr.CodeOf(err))).Msg("csb_session_sweep_failed")
+			b.log.Warn().Str("error_code", string(brokererr.CodeOf(err))).Msg("codesandbox_session_sweep_failed")
 		} else if n > 0 {
-			b.log.Info().Int("deleted", n).Msg("csb_session_sweep")
+			b.log.Info().Int("deleted", n).Msg("codesandbox_session_sweep")
 		}
 	}
 	b.sweep(30*time.Minute, sweep)

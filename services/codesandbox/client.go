@@ -363,7 +363,7 @@ func (c *Client) do(ctx context.Context, cl call, out any) error {
 				return ctxError(ctx)
 			}
 			c.log.Warn().Str("method", cl.method).Str("path", cl.path).Int("attempt", attempt).
-				Err(c.scrub(err)).Msg("csb_request_failed")
+				Err(c.scrub(err)).Msg("codesandbox_request_failed")
 			if cl.idempotent && attempt < c.retries && c.sleep(ctx, c.backoff(attempt)) {
 				continue
 			}
@@ -373,7 +373,7 @@ func (c *Client) do(ctx context.Context, cl call, out any) error {
 			return brokererr.Wrap(c.scrub(err), brokererr.Unavailable, "CodeSandbox did not answer")
 		}
 		c.log.Debug().Str("method", cl.method).Str("path", cl.path).Int("status", res.status).
-			Int("attempt", attempt).Int64("duration_ms", time.Since(start).Milliseconds()).Msg("csb_request")
+			Int("attempt", attempt).Int64("duration_ms", time.Since(start).Milliseconds()).Msg("codesandbox_request")
 
 		switch s := res.status; {
 		case s >= 200 && s < 300:
@@ -383,7 +383,7 @@ func (c *Client) do(ctx context.Context, cl call, out any) error {
 			if attempt < c.retries && rl.Wait <= c.maxWait && (cl.idempotent || !vmBudgetExhausted(res.header)) {
 				d := min(max(rl.Wait, c.backoff(attempt)), c.maxWait)
 				c.log.Warn().Str("path", cl.path).Int("status", s).Int("attempt", attempt).
-					Int64("wait_ms", d.Milliseconds()).Msg("csb_retry")
+					Int64("wait_ms", d.Milliseconds()).Msg("codesandbox_retry")
 				if c.sleep(ctx, d) {
 					continue
 				}
@@ -393,7 +393,7 @@ func (c *Client) do(ctx context.Context, cl call, out any) error {
 			if cl.idempotent && attempt < c.retries {
 				d := c.backoff(attempt)
 				c.log.Warn().Str("path", cl.path).Int("status", s).Int("attempt", attempt).
-					Int64("wait_ms", d.Milliseconds()).Msg("csb_retry")
+					Int64("wait_ms", d.Milliseconds()).Msg("codesandbox_retry")
 				if c.sleep(ctx, d) {
 					continue
 				}

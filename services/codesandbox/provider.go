@@ -239,7 +239,7 @@ func (p *Provider) Create(ctx context.Context, req projects.CreateRequest) (proj
 	}
 	done = true
 	p.log.Info().Str("sandbox_id", fr.ID).Str("template", req.Template).Str("bootup_type", start.BootupType).
-		Int("files", len(req.Files)).Msg("csb_sandbox_created")
+		Int("files", len(req.Files)).Msg("codesandbox_sandbox_created")
 	return s, nil
 }
 
@@ -248,7 +248,7 @@ func (p *Provider) cleanup(ctx context.Context, id string) {
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)
 	defer cancel()
 	if err := p.Destroy(cctx, id); err != nil {
-		p.log.Error().Err(err).Str("sandbox_id", id).Msg("csb_cleanup_failed")
+		p.log.Error().Err(err).Str("sandbox_id", id).Msg("codesandbox_cleanup_failed")
 	}
 }
 
@@ -308,7 +308,7 @@ func (p *Provider) Destroy(ctx context.Context, id string) error {
 	if err := p.c.Delete(ctx, id); err != nil && brokererr.CodeOf(err) != brokererr.SandboxNotFound {
 		return err
 	}
-	p.log.Info().Str("sandbox_id", id).Msg("csb_sandbox_destroyed")
+	p.log.Info().Str("sandbox_id", id).Msg("codesandbox_sandbox_destroyed")
 	return nil
 }
 
@@ -364,7 +364,7 @@ func (p *Provider) dial(ctx context.Context, start *StartResponse) (*Pitcher, er
 	if err != nil {
 		return nil, AgentError(err)
 	}
-	p.log.Debug().Str("sandbox_id", start.ID).Str("bootup_type", start.BootupType).Msg("csb_agent_connected")
+	p.log.Debug().Str("sandbox_id", start.ID).Str("bootup_type", start.BootupType).Msg("codesandbox_agent_connected")
 	return conn, nil
 }
 
@@ -440,7 +440,7 @@ func (p *Provider) withAgent(ctx context.Context, v *vm, fn func(*Pitcher, strin
 		if err == nil || attempt > 0 || !errors.Is(err, ErrPitcherClosed) || ctx.Err() != nil {
 			return AgentError(err)
 		}
-		p.log.Info().Str("sandbox_id", v.id).Msg("csb_agent_reconnect")
+		p.log.Info().Str("sandbox_id", v.id).Msg("codesandbox_agent_reconnect")
 	}
 }
 

@@ -141,7 +141,7 @@ func TestProviderEndToEnd(t *testing.T) {
 		t.Fatalf("Destroy of an impossible ID: %v", err)
 	}
 	// The log has the lifecycle but nothing secret.
-	if s := log.String(); !strings.Contains(s, `"message":"csb_sandbox_created"`) || !strings.Contains(s, `"message":"csb_request"`) {
+	if s := log.String(); !strings.Contains(s, `"message":"codesandbox_sandbox_created"`) || !strings.Contains(s, `"message":"codesandbox_request"`) {
 		t.Fatalf("log lacks events: %s", s)
 	}
 	if s := log.String(); strings.Contains(s, testKey) || strings.Contains(s, tok) || strings.Contains(s, "pt_") {

@@ -54,7 +54,7 @@ func SweepTagged(ctx context.Context, c *Client, o SweepOptions) (int, error) {
 	cutoff := time.Now().Add(-o.Grace)
 	for page := 1; ; page++ {
 		if page > sweepMaxPages {
-			o.Log.Warn().Int("pages", sweepMaxPages).Msg("csb_sweep_truncated")
+			o.Log.Warn().Int("pages", sweepMaxPages).Msg("codesandbox_sweep_truncated")
 			break
 		}
 		l, err := c.ListSandboxes(ctx, ListOptions{Tags: []string{o.Tag}, PageSize: sweepPageSize, Page: page, OrderBy: "inserted_at", Direction: "asc"})
@@ -80,11 +80,11 @@ func SweepTagged(ctx context.Context, c *Client, o SweepOptions) (int, error) {
 			continue
 		}
 		if err := o.Destroy(ctx, id); err != nil {
-			o.Log.Warn().Str("sandbox_id", id).Str("error_code", string(brokererr.CodeOf(err))).Msg("csb_orphan_delete_failed")
+			o.Log.Warn().Str("sandbox_id", id).Str("error_code", string(brokererr.CodeOf(err))).Msg("codesandbox_orphan_delete_failed")
 			continue
 		}
 		deleted++
-		o.Log.Info().Str("sandbox_id", id).Msg("csb_orphan_deleted")
+		o.Log.Info().Str("sandbox_id", id).Msg("codesandbox_orphan_deleted")
 	}
 	return deleted, nil
 }

@@ -74,8 +74,8 @@ func TestSweepDeletesOnlyUnknownTaggedSandboxes(t *testing.T) {
 	if n, err := p.Sweep(cx, known); err != nil || n != 0 {
 		t.Fatalf("second sweep: %d %v", n, err)
 	}
-	if !strings.Contains(log.String(), "csb_orphan_deleted") {
-		t.Fatal("no csb_orphan_deleted event")
+	if !strings.Contains(log.String(), "codesandbox_orphan_deleted") {
+		t.Fatal("no codesandbox_orphan_deleted event")
 	}
 	f.FailNext(500, 10)
 	_, err = p.Sweep(cx, known)

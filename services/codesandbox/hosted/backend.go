@@ -202,7 +202,7 @@ func (b *Backend) sessionVM(ctx context.Context, ref sandbox.SessionRef) (string
 		return "", brokererr.Wrap(err, brokererr.Unavailable, "session store unavailable")
 	}
 	if sandboxID != "" && principal != ref.Principal {
-		b.log.Error().Str("workspace_id", ref.WorkspaceID).Msg("csb_session_principal_mismatch")
+		b.log.Error().Str("workspace_id", ref.WorkspaceID).Msg("codesandbox_session_principal_mismatch")
 		return "", brokererr.New(brokererr.SandboxNotFound, "no such session")
 	}
 	return sandboxID, nil

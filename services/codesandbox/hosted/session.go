@@ -153,7 +153,7 @@ func (s *Session) Exec(ctx context.Context, req sandbox.ExecRequest) (sandbox.Ex
 		return sandbox.ExecResult{Duration: time.Since(start)}, s.helperFailed(err, tail)
 	case hardStop:
 		s.v.unknown()
-		s.b.log.Warn().Str("sandbox_id", s.v.id()).Dur("timeout", timeout).Msg("csb_run_missed_deadline")
+		s.b.log.Warn().Str("sandbox_id", s.v.id()).Dur("timeout", timeout).Msg("codesandbox_run_missed_deadline")
 		return sandbox.ExecResult{TimedOut: true, Duration: time.Since(start), ExitCode: -1, Signal: "SIGKILL"},
 			brokererr.New(brokererr.SandboxTimeout, "the code did not finish within %s and was stopped", timeout)
 	case ctx.Err() != nil:
@@ -277,7 +277,7 @@ func (s *Session) removeResult(conn *codesandbox.Pitcher, id string) {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
 		if err := conn.Remove(ctx, resultPath(id), false); err != nil && !notFound(err) && !errors.Is(err, codesandbox.ErrPitcherClosed) {
-			s.b.log.Warn().Err(codesandbox.AgentError(err)).Msg("csb_result_remove_failed")
+			s.b.log.Warn().Err(codesandbox.AgentError(err)).Msg("codesandbox_result_remove_failed")
 		}
 	}()
 }
@@ -286,7 +286,7 @@ func (s *Session) removeResult(conn *codesandbox.Pitcher, id string) {
 // start (no python3 in the template) or broke.
 func (s *Session) helperFailed(err error, tail string) error {
 	s.v.unknown()
-	s.b.log.Warn().Str("sandbox_id", s.v.id()).Str("cause", cleanMessage(err.Error())).Msg("csb_helper_failed")
+	s.b.log.Warn().Str("sandbox_id", s.v.id()).Str("cause", cleanMessage(err.Error())).Msg("codesandbox_helper_failed")
 	if errors.Is(err, errNoResult) {
 		return brokererr.New(brokererr.Unavailable, "the hosted VM's helper did not run (does the runner template have python3?): %s",
 			cleanMessage(strings.TrimSpace(tail))).NotRetryable()
@@ -300,13 +300,13 @@ func (s *Session) helperFailed(err error, tail string) error {
 // restarted, or it never finished) the outcome is unknown, and the error
 // says so rather than running the code a second time.
 func (s *Session) recoverResult(ctx context.Context, id string, maxOut int, deadline time.Time) (*result, error) {
-	s.b.log.Warn().Str("sandbox_id", s.v.id()).Msg("csb_run_connection_lost")
+	s.b.log.Warn().Str("sandbox_id", s.v.id()).Msg("codesandbox_run_connection_lost")
 	for {
 		conn, bootup, err := s.connect(ctx)
 		if err == nil {
 			res, rerr := s.readResult(ctx, conn, id, maxOut)
 			if rerr == nil {
-				s.b.log.Info().Str("sandbox_id", s.v.id()).Msg("csb_run_result_recovered")
+				s.b.log.Info().Str("sandbox_id", s.v.id()).Msg("codesandbox_run_result_recovered")
 				return res, nil
 			}
 			if !notFound(rerr) || bootup == "CLEAN" || bootup == "FORK" {
@@ -390,7 +390,7 @@ func (s *Session) Release(ctx context.Context) error {
 	if err := s.b.c.Hibernate(ctx, id); err != nil && brokererr.CodeOf(err) != brokererr.SandboxNotFound {
 		return err
 	}
-	s.b.log.Info().Str("sandbox_id", id).Msg("csb_session_vm_hibernated")
+	s.b.log.Info().Str("sandbox_id", id).Msg("codesandbox_session_vm_hibernated")
 	return nil
 }
 
@@ -411,7 +411,7 @@ func (s *Session) Destroy(ctx context.Context) error {
 			s.v.mu.Unlock()
 			return err
 		}
-		s.b.log.Info().Str("sandbox_id", id).Msg("csb_session_vm_deleted")
+		s.b.log.Info().Str("sandbox_id", id).Msg("codesandbox_session_vm_deleted")
 	}
 	if err := s.b.db.remove(ctx, s.ref.WorkspaceID); err != nil {
 		return brokererr.Wrap(err, brokererr.Unavailable, "session store unavailable")

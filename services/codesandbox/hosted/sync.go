@@ -135,7 +135,7 @@ func (s *Session) reconcile(ctx context.Context, conn *codesandbox.Pitcher, w *w
 		// More than the quota allows: what the VM holds beyond the
 		// host's copy is given up, as the process backend removes what a
 		// run over the quota wrote.
-		s.b.log.Warn().Str("sandbox_id", v.id()).Msg("csb_session_vm_over_quota_reset")
+		s.b.log.Warn().Str("sandbox_id", v.id()).Msg("codesandbox_session_vm_over_quota_reset")
 		if err := s.clearVM(ctx, conn); err != nil {
 			return err
 		}
@@ -205,7 +205,7 @@ func (s *Session) reconcile(ctx context.Context, conn *codesandbox.Pitcher, w *w
 		}
 	}
 	s.b.log.Info().Str("sandbox_id", v.id()).Int("pulled", len(toPull.Changed)).Int("pushed", len(toPush)).
-		Int("removed_vm", len(vmGone)).Int("removed_host", len(hostGone)).Msg("csb_session_reconciled")
+		Int("removed_vm", len(vmGone)).Int("removed_host", len(hostGone)).Msg("codesandbox_session_reconciled")
 	return nil
 }
 

@@ -118,7 +118,7 @@ func (s *Session) connect(ctx context.Context) (*codesandbox.Pitcher, string, er
 		if brokererr.CodeOf(err) == brokererr.SandboxNotFound && attempt == 0 {
 			// The VM was deleted behind the broker's back: the host
 			// workspace is the truth, so a new VM takes its place.
-			s.b.log.Warn().Str("workspace_id", s.ref.WorkspaceID).Str("sandbox_id", v.id()).Msg("csb_session_vm_gone")
+			s.b.log.Warn().Str("workspace_id", s.ref.WorkspaceID).Str("sandbox_id", v.id()).Msg("codesandbox_session_vm_gone")
 			if err := s.b.db.remove(ctx, s.ref.WorkspaceID); err != nil {
 				return nil, "", brokererr.Wrap(err, brokererr.Unavailable, "session store unavailable")
 			}
@@ -139,7 +139,7 @@ func (s *Session) connect(ctx context.Context) (*codesandbox.Pitcher, string, er
 			return nil, "", unreachable(codesandbox.AgentError(err))
 		}
 		v.conn, v.ws, v.bootup = conn, start.Workspace(), start.BootupType
-		s.b.log.Debug().Str("sandbox_id", start.ID).Str("bootup_type", start.BootupType).Msg("csb_session_connected")
+		s.b.log.Debug().Str("sandbox_id", start.ID).Str("bootup_type", start.BootupType).Msg("codesandbox_session_connected")
 		return conn, start.BootupType, nil
 	}
 }
@@ -170,14 +170,14 @@ func (s *Session) startVM(ctx context.Context) (*codesandbox.StartResponse, erro
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)
 		defer cancel()
 		if derr := s.b.destroyVM(cctx, fr.ID); derr != nil {
-			s.b.log.Error().Str("sandbox_id", fr.ID).Msg("csb_session_cleanup_failed")
+			s.b.log.Error().Str("sandbox_id", fr.ID).Msg("codesandbox_session_cleanup_failed")
 		}
 		return nil, brokererr.Wrap(err, brokererr.Unavailable, "session store unavailable")
 	}
 	v.sandboxID.Store(fr.ID)
 	v.forked()
 	s.b.log.Info().Str("sandbox_id", fr.ID).Str("workspace_id", s.ref.WorkspaceID).
-		Int64("duration_ms", time.Since(t0).Milliseconds()).Msg("csb_session_vm_created")
+		Int64("duration_ms", time.Since(t0).Milliseconds()).Msg("codesandbox_session_vm_created")
 	if fr.StartResponse != nil {
 		return fr.StartResponse, nil
 	}
