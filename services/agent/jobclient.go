@@ -37,6 +37,11 @@ func (e *JobError) Error() string { return "agent: job refused: " + e.Message }
 // connection breaks or the agent misbehaves, the job is given up (the agent
 // kills it when the connection closes) and Exit().Err says why.
 func StartJob(ctx context.Context, socketPath string, req JobRequest, sink sandbox.JobSink) (sandbox.Job, error) {
+	return StartJobVia(ctx, SocketDialer(socketPath), req, sink)
+}
+
+// StartJobVia is StartJob on the agent dial reaches.
+func StartJobVia(ctx context.Context, dial Dialer, req JobRequest, sink sandbox.JobSink) (sandbox.Job, error) {
 	if sink == nil {
 		sink = func(string, []byte) {}
 	}
@@ -63,7 +68,7 @@ func StartJob(ctx context.Context, socketPath string, req JobRequest, sink sandb
 	}
 	dctx, cancel := context.WithDeadline(ctx, startDeadline)
 	defer cancel()
-	c, err := DialSocket(dctx, socketPath)
+	c, err := dial(dctx)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrNotReached, err)
 	}
