@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/signal"
 	"path/filepath"
+	"syscall"
 
 	"github.com/sandbox-broker/sandbox-broker/services/agent"
 )
@@ -71,6 +73,11 @@ func agentCmd(ctx context.Context, args []string, stdin io.Reader, stdout, stder
 		AllowLocalPeers: *allowLocal,
 	}
 	if *listen != "" {
+		// A pod's agent lives as long as its pod: on SIGTERM (deletion,
+		// eviction) it keeps going until the SIGKILL after the grace
+		// period, so that a run under way ends with a lost connection the
+		// broker reads as a lost pod, not with a result of a killed run.
+		signal.Ignore(syscall.SIGTERM, syscall.SIGINT)
 		if err = agent.SetPodLimits(); err == nil {
 			opts.Pod, opts.Listener, err = agent.StartPod(*listen, []byte(os.Getenv(agent.CAEnv)), stdout)
 		}

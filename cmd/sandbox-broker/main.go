@@ -25,6 +25,7 @@ const usage = `usage:
   sandbox-broker docs [--readme README.md] [--check]
   sandbox-broker version
   sandbox-broker agent [--socket path] [--language lang]   (runs inside sandbox containers)
+  sandbox-broker seccomp-profile [--runtime runc|runsc]   (the sandboxes' seccomp profile, for Kubernetes nodes)
 `
 
 func main() {
@@ -61,6 +62,8 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer, getenv func(s
 		return agentCmd(ctx, args[1:], stdin, stdout, stderr)
 	case "docs":
 		return docsCmd(args[1:], stdout, stderr)
+	case "seccomp-profile":
+		return seccompCmd(args[1:], stdout, stderr)
 	case "init":
 		return initCmd(args[1:], stdout, stderr)
 	case "version":

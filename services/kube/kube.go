@@ -149,6 +149,33 @@ func New(ctx context.Context, o Options) (*Backend, error) {
 			return nil, fmt.Errorf("kube: bad runner %q=%q", lang, img)
 		}
 	}
+	o = o.withDefaults()
+	if _, _, err := seccompProfile(o.Seccomp); err != nil {
+		return nil, err
+	}
+	cfg := rest.CopyConfig(o.Config)
+	cfg.Timeout = apiTimeout
+	cs, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("kube: %w", err)
+	}
+	dyn, err := dynamic.NewForConfig(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("kube: %w", err)
+	}
+	b := &Backend{o: o, cs: cs, dyn: dyn, log: logging.Component(o.Log, "kubernetes")}
+	b.client.ca = o.CA
+	b.tls = &tls.Config{MinVersion: tls.VersionTLS13, RootCAs: o.CA.Pool(), GetClientCertificate: b.client.get}
+	b.ctx, b.cancel = context.WithCancel(context.Background())
+	if err := b.setUp(ctx); err != nil {
+		b.cancel()
+		return nil, err
+	}
+	return b, nil
+}
+
+// withDefaults fills the zero fields.
+func (o Options) withDefaults() Options {
 	if o.AgentImagePath == "" {
 		o.AgentImagePath = defaultAgentPath
 	}
@@ -157,9 +184,6 @@ func New(ctx context.Context, o Options) (*Backend, error) {
 	}
 	if o.Seccomp == "" {
 		o.Seccomp = SeccompRuntimeDefault
-	}
-	if _, _, err := seccompProfile(o.Seccomp); err != nil {
-		return nil, err
 	}
 	if o.UID <= 0 {
 		o.UID = defaultUID
@@ -182,27 +206,17 @@ func New(ctx context.Context, o Options) (*Backend, error) {
 	if o.WarmPoolPrefix == "" {
 		o.WarmPoolPrefix = defaultPoolPrefix
 	}
-	o.WorkspaceLimits = workspace.Limits{MaxFiles: o.WorkspaceLimits.MaxFiles, MaxBytes: o.WorkspaceLimits.MaxBytes,
-		MaxFileBytes: o.WorkspaceLimits.MaxFileBytes}
-	cfg := rest.CopyConfig(o.Config)
-	cfg.Timeout = apiTimeout
-	cs, err := kubernetes.NewForConfig(cfg)
-	if err != nil {
-		return nil, fmt.Errorf("kube: %w", err)
+	d, l := workspace.DefaultLimits(), &o.WorkspaceLimits
+	if l.MaxFiles <= 0 {
+		l.MaxFiles = d.MaxFiles
 	}
-	dyn, err := dynamic.NewForConfig(cfg)
-	if err != nil {
-		return nil, fmt.Errorf("kube: %w", err)
+	if l.MaxBytes <= 0 {
+		l.MaxBytes = d.MaxBytes
 	}
-	b := &Backend{o: o, cs: cs, dyn: dyn, log: logging.Component(o.Log, "kubernetes")}
-	b.client.ca = o.CA
-	b.tls = &tls.Config{MinVersion: tls.VersionTLS13, RootCAs: o.CA.Pool(), GetClientCertificate: b.client.get}
-	b.ctx, b.cancel = context.WithCancel(context.Background())
-	if err := b.setUp(ctx); err != nil {
-		b.cancel()
-		return nil, err
+	if l.MaxFileBytes <= 0 {
+		l.MaxFileBytes = d.MaxFileBytes
 	}
-	return b, nil
+	return o
 }
 
 // setUp does New's work against the API.

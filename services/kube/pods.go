@@ -302,7 +302,7 @@ func (b *Backend) releaseAsync(p *pod) {
 }
 
 // fate says what became of a pod whose agent was lost: evicted (and
-// why), out of memory, deleted; "" when the API cannot tell.
+// why), out of memory, deleted; all false when the API cannot tell.
 type fate struct {
 	evicted, oom, deleted, overQuota bool
 	why                              string
@@ -321,12 +321,19 @@ func (b *Backend) podFate(ctx context.Context, p *pod) fate {
 		return fate{deleted: true, why: "the pod was replaced"}
 	}
 	f := fate{}
-	if obj.Status.Reason == "Evicted" || obj.DeletionTimestamp != nil {
-		f.evicted = obj.Status.Reason == "Evicted"
-		f.deleted = !f.evicted
-		f.why = podEnd(obj)
-		// The kubelet evicts a pod whose emptyDir passes its sizeLimit.
-		f.overQuota = f.evicted && strings.Contains(obj.Status.Message, "emptyDir")
+	switch {
+	case obj.Status.Reason == "Evicted": // by the kubelet, under node pressure or past a volume's limit
+		f.evicted, f.why = true, podEnd(obj)
+		f.overQuota = strings.Contains(obj.Status.Message, "emptyDir") || strings.Contains(obj.Status.Message, "EmptyDir")
+	case obj.DeletionTimestamp != nil:
+		f.deleted, f.why = true, "the pod was deleted"
+		for _, c := range obj.Status.Conditions {
+			// Set by the eviction API, preemption, node drain and the like.
+			if c.Type == corev1.DisruptionTarget && c.Status == corev1.ConditionTrue {
+				f.evicted, f.deleted = true, false
+				f.why = "evicted: " + c.Reason
+			}
+		}
 	}
 	for _, cs := range obj.Status.ContainerStatuses {
 		if t := cs.State.Terminated; t != nil && cs.Name == ContainerName {

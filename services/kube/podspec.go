@@ -98,9 +98,6 @@ func (b *Backend) podSpec(lang, image string) corev1.PodSpec {
 		sp.LocalhostProfile = &profile
 	}
 	wsBytes := b.o.WorkspaceLimits.MaxBytes
-	if wsBytes <= 0 {
-		wsBytes = 512 << 20
-	}
 	mem := resource.NewQuantity(b.o.Memory, resource.BinarySI)
 	cpu := resource.NewMilliQuantity(b.o.CPUMilli, resource.DecimalSI)
 	eph := resource.NewQuantity(wsBytes+workspaceSlack+agentBinBytes, resource.BinarySI)
@@ -176,6 +173,21 @@ func (b *Backend) podSpec(lang, image string) corev1.PodSpec {
 		spec.RuntimeClassName = &b.o.RuntimeClass
 	}
 	return spec
+}
+
+// TemplatePodSpec is the pod spec of a warm pool's SandboxTemplate for
+// lang under o: a plain pod's, without the deadline (a warm pod waits; a
+// claim carries its own shutdown time). The Helm chart's templates render
+// the same (deploy/helm, checked by its test).
+func TemplatePodSpec(o Options, lang string) (corev1.PodSpec, error) {
+	b := &Backend{o: o.withDefaults()}
+	image, err := b.image(lang)
+	if err != nil {
+		return corev1.PodSpec{}, err
+	}
+	spec := b.podSpec(lang, image)
+	spec.ActiveDeadlineSeconds = nil
+	return spec, nil
 }
 
 // networkPolicy selects every sandbox pod of the broker: ingress only from

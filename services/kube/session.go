@@ -3,6 +3,7 @@ package kube
 import (
 	"context"
 	"errors"
+	"net"
 	"os"
 	"sync"
 	"time"
@@ -143,7 +144,7 @@ func (s *Session) execLocked(ctx context.Context, req sandbox.ExecRequest) (sand
 	jobsLive := p.jobs.Load() > 0
 	rctx, cancel := context.WithTimeout(ctx, timeout+hardStopMargin)
 	start := time.Now()
-	resp, err := agent.RunVia(rctx, p.client.Dial, agent.Request{
+	resp, err := agent.RunVia(rctx, func(ctx context.Context) (net.Conn, error) { return agentConn(p.client.Dial(ctx)) }, agent.Request{
 		Language:       req.Language,
 		Code:           req.Code,
 		TimeoutMS:      max(timeout.Milliseconds(), 1),
@@ -178,6 +179,10 @@ func (s *Session) execLocked(ctx context.Context, req sandbox.ExecRequest) (sand
 	}
 	return res, nil
 }
+
+// agentConn wraps a run's connection to the agent: tests see when the
+// request has gone out.
+var agentConn = func(c net.Conn, err error) (net.Conn, error) { return c, err }
 
 // runLost maps a run whose agent connection failed: the pod goes, and the
 // API says why when it can (evicted, out of memory, deleted).
