@@ -71,8 +71,8 @@ func TestWarmPoolClaim(t *testing.T) {
 	}
 	warm := &unstructured.Unstructured{Object: map[string]any{
 		"apiVersion": poolGVR.GroupVersion().String(), "kind": "SandboxWarmPool",
-		"metadata":   map[string]any{"name": pool},
-		"spec":       map[string]any{"replicas": int64(1), "sandboxTemplateRef": map[string]any{"name": pool}},
+		"metadata": map[string]any{"name": pool},
+		"spec":     map[string]any{"replicas": int64(1), "sandboxTemplateRef": map[string]any{"name": pool}},
 	}}
 	if _, err := dyn.Resource(poolGVR).Namespace(c.ns).Create(ctx, warm, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
