@@ -5,7 +5,7 @@ LDFLAGS   := -s -w -X main.version=$(VERSION)
 FUZZTIME  ?= 30s
 STATICCHECK ?= $(shell command -v staticcheck 2>/dev/null || echo $(HOME)/go/bin/staticcheck)
 
-.PHONY: build run test lint fuzz fuzz-smoke bench docs runners image clean
+.PHONY: build run test lint fuzz fuzz-smoke bench bench-agent docs runners image clean
 
 build:
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o bin/sandbox-broker ./cmd/sandbox-broker
@@ -42,6 +42,12 @@ bench:
 	$(GO) test -run '^$$' -bench . -benchmem -count=1 ./audit/ ./services/quota/ ./services/agent/ ./services/process/ ./services/rootfs/ ./middleware/...
 	$(GO) test -run '^$$' -bench 'BenchmarkEngine|BenchmarkNotebook' -benchtime 40x -count=1 ./tests/
 	$(GO) test -run '^$$' -bench BenchmarkSignedFiles -benchtime 8x -count=1 ./tests/
+
+# 100 agent tasks at once (the real Claude Code CLI against the fake model):
+# wall time, errors, broker RSS, memory per session; needs the agent runner.
+AGENT_BENCH_SESSIONS ?= 100
+bench-agent:
+	AGENT_BENCH_SESSIONS=$(AGENT_BENCH_SESSIONS) $(GO) test -run '^$$' -bench BenchmarkAgentTasks -benchtime 1x -count=1 -timeout 30m ./tests/
 
 docs:
 	$(GO) run ./cmd/sandbox-broker docs

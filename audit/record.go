@@ -51,7 +51,7 @@ type Record struct {
 // Source is where a call came from and what it belongs to. Rows written
 // before schema version 2 have none; export omits the empty fields.
 type Source struct {
-	Transport  string `json:"transport,omitempty"`   // "stdio" or "http"
+	Transport  string `json:"transport,omitempty"`   // "stdio", "http" or "console"
 	ClientAddr string `json:"client_addr,omitempty"` // the HTTP peer, host:port
 	UserAgent  string `json:"user_agent,omitempty"`  // as sent, cleaned and capped
 	MCPSession string `json:"mcp_session,omitempty"` // the MCP session ID
@@ -146,7 +146,7 @@ func normalise(r Record) (Record, error) {
 		return Record{}, fmt.Errorf("%w: params: %v", errInvalidRecord, err)
 	}
 	switch r.Transport {
-	case "", "stdio", "http":
+	case "", "stdio", "http", "console":
 	default:
 		return Record{}, fmt.Errorf("%w: transport %q", errInvalidRecord, r.Transport)
 	}

@@ -9,6 +9,8 @@ import (
 	"net"
 	"net/url"
 	"reflect"
+	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -117,6 +119,20 @@ type Config struct {
 	// or files each entry names.
 	GitHubReposFile string `env:"GITHUB_REPOS_FILE" validate:"omitempty,filepath"`
 	GitHubAPIURL    string `env:"GITHUB_API_URL" validate:"http_url"`
+	// Agent tasks (execute_task, services/broker/agent.go): on with a model
+	// API key; the gateway's upstream and allow-list, the agent runner's
+	// limits, and each tier's task policy (AGENT_TIERS, JSON).
+	AnthropicAPIKey   Secret   `env:"ANTHROPIC_API_KEY" validate:"omitempty,min=8,max=512,printascii"`
+	AnthropicAPIURL   string   `env:"ANTHROPIC_API_URL" validate:"http_url,max=512"`
+	AgentKeysFile     string   `env:"AGENT_KEYS_FILE" validate:"omitempty,filepath"`
+	AgentModels       []string `env:"AGENT_MODELS" validate:"dive,model_name"`
+	AgentSmallModel   string   `env:"AGENT_SMALL_MODEL" validate:"model_name"`
+	AgentTimeoutS     int      `env:"AGENT_TIMEOUT_S" validate:"min=1,max=3600"`
+	AgentMaxTurns     int      `env:"AGENT_MAX_TURNS" validate:"min=1,max=1000"`
+	AgentMemoryMB     int64    `env:"AGENT_MEMORY_MB" validate:"min=256,max=65536"`
+	AgentCPUsMilli    int      `env:"AGENT_CPUS_MILLI" validate:"min=100,max=64000"`
+	AgentMaxRequestMB int64    `env:"AGENT_MAX_REQUEST_MB" validate:"min=1,max=32"`
+	AgentTiers        string   `env:"AGENT_TIERS" validate:"omitempty,max=4096,json"`
 	// OAuth for remote connectors (see EffectiveOAuthMode).
 	OAuthMode           string `env:"OAUTH_MODE" validate:"omitempty,oneof=embedded external off"`
 	OAuthIssuer         string `env:"OAUTH_ISSUER" validate:"omitempty,http_url,max=512"`
@@ -180,6 +196,14 @@ func Defaults() Config {
 		GitHubAPIURL:      "https://api.github.com/",
 		BuildWaitS:        50,
 
+		AnthropicAPIURL:   "https://api.anthropic.com",
+		AgentModels:       []string{"claude-sonnet-4-5", "claude-haiku-4-5"},
+		AgentSmallModel:   "claude-haiku-4-5",
+		AgentTimeoutS:     300,
+		AgentMaxTurns:     50,
+		AgentMemoryMB:     4096,
+		AgentCPUsMilli:    2000,
+		AgentMaxRequestMB: 8,
 		FileUploadMinKBps: 64,
 
 		OAuthPrincipalClaim: "sub",
@@ -193,7 +217,14 @@ func Defaults() Config {
 
 // SecretValues lists every configured secret, for the redactor.
 func (c Config) SecretValues() []string {
-	return []string{c.APIToken.Reveal(), c.FileSecret.Reveal(), c.FileSecretPrev.Reveal(), c.AuditHMACKey.Reveal(), c.CSBAPIKey.Reveal(), c.K8sCASecret.Reveal()}
+	return []string{c.APIToken.Reveal(), c.FileSecret.Reveal(), c.FileSecretPrev.Reveal(), c.AuditHMACKey.Reveal(), c.CSBAPIKey.Reveal(),
+		c.AnthropicAPIKey.Reveal(), c.K8sCASecret.Reveal()}
+}
+
+// TasksEnabled reports whether agent tasks are configured: a model API key
+// for everyone or per principal.
+func (c Config) TasksEnabled() bool {
+	return c.AnthropicAPIKey.Reveal() != "" || c.AgentKeysFile != ""
 }
 
 // IsLoopback reports whether the HTTP listener binds only loopback.
@@ -347,6 +378,9 @@ func newValidator() *validator.Validate {
 		}
 		return host == "" || net.ParseIP(host) != nil || v.Var(host, "hostname_rfc1123") == nil
 	})
+	_ = v.RegisterValidation("model_name", func(fl validator.FieldLevel) bool {
+		return modelName.MatchString(fl.Field().String())
+	})
 	_ = v.RegisterValidation("toolset", func(fl validator.FieldLevel) bool {
 		return KnownToolsets[fl.Field().String()]
 	})
@@ -368,6 +402,9 @@ func Validate(c Config) error {
 		return err
 	}
 	if err := validatePreview(c); err != nil {
+		return err
+	}
+	if err := validateAgent(c); err != nil {
 		return err
 	}
 	if c.PublicBaseURL != "" {
@@ -414,6 +451,30 @@ func validateOAuth(c Config) error {
 	}
 	return nil
 }
+
+// validateAgent checks what the model gateway needs: the key travels to
+// ANTHROPIC_API_URL, so plain http only to loopback (a local fake), and
+// the small model must be one the gateway allows.
+func validateAgent(c Config) error {
+	u, err := url.Parse(c.AnthropicAPIURL)
+	if err != nil || u.User != nil || u.RawQuery != "" || u.Fragment != "" ||
+		!(u.Scheme == "https" || u.Scheme == "http" && IsLoopbackHost(u.Hostname())) {
+		return errors.New("config: ANTHROPIC_API_URL must be an https URL (http only on loopback) without user info, query or fragment; its value is not shown")
+	}
+	if len(c.AgentModels) > maxAgentModels {
+		return fmt.Errorf("config: AGENT_MODELS lists %d models; at most %d are accepted", len(c.AgentModels), maxAgentModels)
+	}
+	if !slices.Contains(c.AgentModels, c.AgentSmallModel) {
+		return fmt.Errorf("config: AGENT_SMALL_MODEL=%q must be one of AGENT_MODELS", c.AgentSmallModel)
+	}
+	return nil
+}
+
+// maxAgentModels bounds AGENT_MODELS.
+const maxAgentModels = 16
+
+// modelName is what a model name in AGENT_MODELS may look like.
+var modelName = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._:@-]{0,63}$`)
 
 // IsLoopbackHost reports whether a URL's or address's host is localhost or
 // a loopback IP: the one place plain http is allowed.

@@ -79,6 +79,12 @@ func TestEnvParsing(t *testing.T) {
 		"OAUTH_TIERS_FILE":         "/etc/broker/tiers.json",
 		"OAUTH_DEFAULT_TIER":       "none",
 		"OAUTH_ACCESS_TOKEN_TTL_S": "600",
+		"ANTHROPIC_API_KEY":        "sk-ant-test-0123456789",
+		"ANTHROPIC_API_URL":        "http://127.0.0.1:9",
+		"AGENT_MODELS":             "m-big, m-small",
+		"AGENT_SMALL_MODEL":        "m-small",
+		"AGENT_TIMEOUT_S":          "120",
+		"AGENT_TIERS":              `{"free":{"network":"none"}}`,
 		"CONSOLE":                  "off",
 	}
 	c, err := Load(nil, envOf(env))
@@ -101,6 +107,9 @@ func TestEnvParsing(t *testing.T) {
 		OAuthMode: "external", OAuthIssuer: "https://idp.example.com/", OAuthAudience: "api://sandbox-broker", OAuthScope: "sandbox",
 		OAuthPrincipalClaim: "email", OAuthTierClaim: "broker_tier", OAuthTiersFile: "/etc/broker/tiers.json", OAuthDefaultTier: "none",
 		OAuthAccessTTLS: 600, OAuthRefreshTTLS: 30 * 24 * 3600, OAuthKeyMaxAgeS: 30 * 24 * 3600,
+		AnthropicAPIKey: "sk-ant-test-0123456789", AnthropicAPIURL: "http://127.0.0.1:9", AgentModels: []string{"m-big", "m-small"},
+		AgentSmallModel: "m-small", AgentTimeoutS: 120, AgentMaxTurns: 50, AgentMemoryMB: 4096, AgentCPUsMilli: 2000, AgentMaxRequestMB: 8,
+		AgentTiers:   `{"free":{"network":"none"}}`,
 		Console:      "off",
 		K8sNamespace: "sbx-ns", K8sRunners: Defaults().K8sRunners, K8sAgentImage: "sandbox-broker:latest", K8sPullPolicy: "IfNotPresent",
 		K8sSeccomp: "RuntimeDefault", K8sUID: 65532, K8sBrokerLabels: "app.kubernetes.io/name=sandbox-broker", K8sBrokerCIDR: "10.1.0.0/16",
@@ -112,7 +121,7 @@ func TestEnvParsing(t *testing.T) {
 	if c.IsLoopback() {
 		t.Error("0.0.0.0 is not loopback")
 	}
-	if got := c.SecretValues(); !reflect.DeepEqual(got, []string{apiToken, fileSecret, fileSecret + "-old", hmacKey, "csb_v1_0123456789", "k8s-ca-secret-0123456789abcdef0123456789"}) {
+	if got := c.SecretValues(); !reflect.DeepEqual(got, []string{apiToken, fileSecret, fileSecret + "-old", hmacKey, "csb_v1_0123456789", "sk-ant-test-0123456789", "k8s-ca-secret-0123456789abcdef0123456789"}) {
 		t.Errorf("SecretValues = %v", got)
 	}
 }
@@ -180,6 +189,12 @@ func TestInvalidVariablesAreNamed(t *testing.T) {
 		{"MCP_MAX_UNAUTH_CONNS_PER_ADDR", "0"},
 		{"MCP_MAX_UNAUTH_CONNS_PER_ADDR", "2000"}, // above MCP_MAX_CONNS
 		{"MCP_BODY_TIMEOUT_S", "0"},
+		{"ANTHROPIC_API_URL", "http://api.anthropic.com"}, // the key would travel in clear
+		{"ANTHROPIC_API_URL", "ftp://127.0.0.1"},
+		{"AGENT_MODELS", "has space"},
+		{"AGENT_SMALL_MODEL", "claude-not-in-the-list"},
+		{"AGENT_MEMORY_MB", "10"},
+		{"AGENT_TIERS", "{not json"},
 	}
 	for _, c := range cases {
 		_, err := Load(nil, envOf(map[string]string{c.name: c.value}))
@@ -214,6 +229,8 @@ func TestSecretValuesNeverInErrors(t *testing.T) {
 		{"PUBLIC_BASE_URL", "https://example.com/?token=" + marker},
 		{"PUBLIC_BASE_URL", "https://admin:" + marker + "@exa mple.com/"},
 		{"MCP_ALLOWED_ORIGINS", "https://admin:" + marker + "@exa mple.com"},
+		{"ANTHROPIC_API_KEY", marker[:6]},
+		{"ANTHROPIC_API_URL", "https://admin:" + marker + "@example.com/"},
 	}
 	for _, c := range cases {
 		_, err := Load(nil, envOf(map[string]string{c.name: c.value}))

@@ -63,6 +63,8 @@ func describeRule(c Config, field reflect.StructField, fe validator.FieldError) 
 		return "must be an address block such as 10.0.0.0/8"
 	case "toolset":
 		return "must be one of: " + strings.Join(toolsetNames(), ", ")
+	case "model_name":
+		return "must be a model name: 1 to 64 characters from A-Z a-z 0-9 . _ : @ -, starting with a letter or digit"
 	case "json":
 		return "must be a JSON document"
 	case "excludesall":

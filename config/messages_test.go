@@ -84,6 +84,8 @@ func badValues(t *testing.T, c Config, f reflect.StructField) []badValue {
 			out = append(out, badValue{strings.Repeat("x", 20) + "\x01", []string{"printable ASCII"}})
 		case "json":
 			out = append(out, badValue{"{", []string{"JSON"}})
+		case "model_name":
+			out = append(out, badValue{"bad model!", []string{"model name", "1 to 64 characters"}})
 		case "excludesall":
 			out = append(out, badValue{"a" + param + "b", []string{"must not contain"}})
 		case "hostname_rfc1123":
@@ -103,6 +105,8 @@ func badValues(t *testing.T, c Config, f reflect.StructField) []badValue {
 			out = append(out, badValue{"ok.example.com,bad_host!", []string{"each entry", "DNS host name or an IP address"}})
 		case "http_url":
 			out = append(out, badValue{"not a url", []string{"each entry", "http:// or https:// URL"}})
+		case "model_name":
+			out = append(out, badValue{"claude-sonnet-4-5,bad model!", []string{"each entry", "model name"}})
 		default:
 			t.Errorf("%s: no bad value for list rule %q", f.Tag.Get("env"), dive[1])
 		}

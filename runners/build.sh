@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # build.sh - build the sandbox-broker runner images (called by `make runners`).
 #
-# Usage: runners/build.sh [options] [python|typescript|bash|node ...]   (default: all)
+# Usage: runners/build.sh [options] [python|typescript|bash|node|agent ...]   (default: all)
 #   --rebuild-base   re-import debian:bookworm-slim even if present (build-base.sh --force)
 #   --no-cache       pass --no-cache to docker build
 #   -h, --help       this text
@@ -15,12 +15,12 @@
 #   RUNNER_TAG         image tag (default latest)
 #   RUNNER_BUILDKIT    1 = build with BuildKit (needs the docker buildx plugin; the
 #                      Debian docker.io 20.10 set-up here has none). Default: classic builder.
-#   NPM_CA_BUNDLE      CA bundle handed to the discarded npm stage of the typescript
-#                      and node images (default /etc/ssl/certs/ca-certificates.crt if present).
+#   NPM_CA_BUNDLE      CA bundle handed to the discarded npm stage of the typescript,
+#                      node and agent images (default /etc/ssl/certs/ca-certificates.crt if present).
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-ALL_LANGS=(python typescript bash node)
+ALL_LANGS=(python typescript bash node agent)
 TAG="${RUNNER_TAG:-latest}"
 NPM_CA_BUNDLE="${NPM_CA_BUNDLE:-/etc/ssl/certs/ca-certificates.crt}"
 BASE_ARGS=()
@@ -76,12 +76,12 @@ for lang in "${LANGS[@]}"; do
   image="sandbox-broker/runner-$lang:$TAG"
   ctx="$HERE/$lang"
   [ -f "$ctx/Dockerfile" ] || die "missing $ctx/Dockerfile"
-  if [ "$lang" = typescript ] || [ "$lang" = node ]; then
+  if [ "$lang" = typescript ] || [ "$lang" = node ] || [ "$lang" = agent ]; then
     # npm runs in a discarded build stage; give it the host's CA bundle (a TLS
     # intercepting proxy's CA may only be there). It never reaches the final image.
     ctx="$TMP/ctx-$lang"
     cp -a "$HERE/$lang" "$ctx"
-    cp "$HERE/fetch-verified.mjs" "$ctx/" # one copy, shared by both images
+    cp "$HERE/fetch-verified.mjs" "$ctx/" # one copy, shared by the three images
     rm -f "$ctx/host-ca.crt"
     if [ -s "$NPM_CA_BUNDLE" ]; then
       cp "$NPM_CA_BUNDLE" "$ctx/host-ca.crt"

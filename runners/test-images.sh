@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # test-images.sh - smoke-test the runner images after runners/build.sh.
 #
-# Usage: runners/test-images.sh [python|typescript|bash|node ...]   (default: all)
+# Usage: runners/test-images.sh [python|typescript|bash|node|agent ...]   (default: all)
 # Env:   RUNNER_TAG (default latest)
 #
 # Every workload runs the way the broker runs sandboxes: no network, read-only
@@ -9,7 +9,7 @@
 # and a host temp dir bind-mounted at /mnt/data. Exits non-zero on any failure.
 set -euo pipefail
 
-ALL_LANGS=(python typescript bash node)
+ALL_LANGS=(python typescript bash node agent)
 TAG="${RUNNER_TAG:-latest}"
 LANGS=("$@")
 [ ${#LANGS[@]} -gt 0 ] || LANGS=("${ALL_LANGS[@]}")
@@ -108,6 +108,18 @@ test_bash() {
   check "bash: echo ok"        ok hardened "$image" "$data" bash -c 'echo ok'
   check "bash: jq works"       3  hardened "$image" "$data" bash -c 'echo "{\"a\":[1,2,3]}" | jq ".a | length"'
   check "bash: writes /data"   ok hardened "$image" "$data" bash -c 'echo ok >/data/b.txt && cat /mnt/data/b.txt'
+}
+
+# The agent runner: both CLIs start under the hardened run (read-only root,
+# HOME on the noexec /tmp), and the tools an agent's shell reaches for are
+# there. Whole tasks against a fake model are tests/agent_test.go's.
+test_agent() {
+  local image="$1" data="$2"
+  check "claude --version"   "2.1.331 (Claude Code)" hardened "$image" "$data" sh -c 'HOME=/tmp claude --version'
+  check "opencode --version" "1.18.33"               hardened "$image" "$data" sh -c 'HOME=/tmp opencode --version'
+  check "python data stack"  ok hardened "$image" "$data" python3 -c 'import numpy, pandas, scipy, matplotlib, seaborn, openpyxl, reportlab; print("ok")'
+  check "node, git, curl, jq, rg" ok hardened "$image" "$data" sh -c 'node -e 1 && git --version >/dev/null && curl --version >/dev/null && jq --version >/dev/null && rg --version >/dev/null && echo ok'
+  check "git commits in /mnt/data" ok hardened "$image" "$data" sh -c 'cd /mnt/data && HOME=/tmp git init -q r && cd r && echo x >f && git add f && HOME=/tmp git -c user.name=a -c user.email=a@b commit -qm m && echo ok'
 }
 
 # Each starter is laid out the way the local project provider does it: its

@@ -220,7 +220,7 @@ km.shutdown_kernel(now=True)
 `
 
 // BenchmarkNotebook measures a warm notebook cell (print(1)) through MCP
-// HTTP on both backends, interleaved with the bare Jupyter kernel round
+// HTTP on both backends (Docker under runsc too, when the daemon has it), interleaved with the bare Jupyter kernel round
 // trip of jupyterBaseline and a fresh print(1) in the same run.
 // Run: go test -run '^$' -bench BenchmarkNotebook -benchtime 40x ./tests/
 func BenchmarkNotebook(b *testing.B) {
@@ -241,6 +241,13 @@ func BenchmarkNotebook(b *testing.B) {
 		return benchRun(b, c, args)
 	}
 	dsess, psess := cell(dc, ""), cell(pc, "")
+	// The Docker backend under gVisor, when the daemon has it (CI must).
+	var rc *client.Client
+	var rsess string
+	if haveRunsc(b) {
+		rc = StartHTTP(b, BrokerOpts{Token: testToken, Env: map[string]string{"SANDBOX_POOL_SIZE": "1", "RATE_LIMIT_PER_MINUTE": "100000", "SANDBOX_RUNTIME": "runsc"}}).Client(b, testToken)
+		rsess = cell(rc, "")
+	}
 
 	py := exec.Command("/usr/bin/python3", "-c", jupyterBaseline)
 	in, err := py.StdinPipe()
@@ -279,6 +286,12 @@ func BenchmarkNotebook(b *testing.B) {
 			return time.Duration(s * float64(time.Second))
 		}},
 	}
+	if rc != nil {
+		cases = append(cases, struct {
+			name string
+			call func() time.Duration
+		}{"runsc_notebook_warm_print1", func() time.Duration { return timed(func() { cell(rc, rsess) }) }})
+	}
 	b.Run("print1", func(b *testing.B) {
 		lat := make([][]time.Duration, len(cases))
 		for i := 0; i < b.N; i++ { // interleaved: the machine's noise hits every case alike
@@ -299,6 +312,10 @@ func BenchmarkNotebook(b *testing.B) {
 				ms(p50["notebook_warm_print1"]), float64(p50["notebook_warm_print1"])/float64(base),
 				ms(p50["process_notebook_warm_print1"]), float64(p50["process_notebook_warm_print1"])/float64(base), ms(base),
 				ms(p50["fresh_warm_print1"]))
+			if rc != nil {
+				fmt.Printf("summary: notebook warm print(1) p50 under gVisor (runsc) %.1f ms vs runc %.1f ms in the same run\n",
+					ms(p50["runsc_notebook_warm_print1"]), ms(p50["notebook_warm_print1"]))
+			}
 		}
 	})
 }

@@ -42,6 +42,11 @@ func composeDir(t *testing.T) (string, map[string]string) {
 	if err := os.WriteFile(filepath.Join(dir, "docker-compose.yml"), yml, 0o644); err != nil {
 		t.Fatal(err)
 	}
+	// The monitoring profile builds from deploy/, which compose checks
+	// exists even when the profile is off.
+	if err := os.CopyFS(filepath.Join(dir, "deploy"), os.DirFS("../deploy")); err != nil {
+		t.Fatal(err)
+	}
 	cmd := exec.Command(brokerBin, "init")
 	cmd.Dir = dir
 	out, err := cmd.CombinedOutput()

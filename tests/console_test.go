@@ -190,8 +190,13 @@ func TestConsoleSessionsAndCSRF(t *testing.T) {
 	if res := callTool(t, c, "list_artifacts", map[string]any{"session_id": up.SessionID}); !res.IsError {
 		t.Fatal("the session survived being closed")
 	}
-	if rows := auditRows(t, b.Root, audit.Filter{Tool: "close_session", Principal: "alice", Outcome: "success"}); len(rows) != 1 {
+	rows := auditRows(t, b.Root, audit.Filter{Tool: "close_session", Principal: "alice", Outcome: "success"})
+	if len(rows) != 1 {
 		t.Fatalf("close_session rows: %+v", rows)
+	}
+	// The row says the call came through the console, from the browser.
+	if src := rows[0].Source; src.Transport != "console" || src.ClientAddr == "" || src.UserAgent == "" {
+		t.Fatalf("close_session row source %+v, want the console and the browser's address and user agent", src)
 	}
 
 	// An admin closes alice's other session and cancels her job from the

@@ -471,7 +471,7 @@ func TestConfigErrorsNameTheVariable(t *testing.T) {
 
 // --- helpers ---
 
-func writeTokens(t *testing.T, principals map[string]string) (path string, tokens map[string]string) {
+func writeTokens(t testing.TB, principals map[string]string) (path string, tokens map[string]string) {
 	t.Helper()
 	tokens = map[string]string{}
 	var entries []identity.TokenEntry

@@ -27,14 +27,29 @@ func requireBwrap(t testing.TB) {
 
 // backends runs fn once per sandbox backend, each with its own broker.
 func backends(t *testing.T, extra map[string]string, fn func(t *testing.T, backend string, b *Broker, c *client.Client)) {
-	for _, name := range []string{"docker", "process"} {
+	runBackends(t, extra, fn, "docker", "process")
+}
+
+// backendsAndGVisor is backends plus the Docker backend under gVisor
+// (SANDBOX_RUNTIME=runsc, named docker-runsc), for what the runtime
+// changes: the sandbox's processes are not host processes there.
+func backendsAndGVisor(t *testing.T, extra map[string]string, fn func(t *testing.T, backend string, b *Broker, c *client.Client)) {
+	runBackends(t, extra, fn, "docker", "docker-runsc", "process")
+}
+
+func runBackends(t *testing.T, extra map[string]string, fn func(t *testing.T, backend string, b *Broker, c *client.Client), names ...string) {
+	for _, name := range names {
 		t.Run(name, func(t *testing.T) {
-			if name == "docker" {
+			env := map[string]string{"SANDBOX_BACKEND": name, "SANDBOX_POOL_SIZE": "0"}
+			switch name {
+			case "docker":
 				requireDocker(t)
-			} else {
+			case "docker-runsc":
+				requireRunsc(t)
+				env["SANDBOX_BACKEND"], env["SANDBOX_RUNTIME"] = "docker", "runsc"
+			default:
 				requireBwrap(t)
 			}
-			env := map[string]string{"SANDBOX_BACKEND": name, "SANDBOX_POOL_SIZE": "0"}
 			for k, v := range extra {
 				env[k] = v
 			}

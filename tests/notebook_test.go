@@ -93,7 +93,7 @@ func requireHostPlotting(t *testing.T, backend string) {
 }
 
 func TestNotebookModeKeepsStateAndShowsOutputs(t *testing.T) {
-	backends(t, nil, func(t *testing.T, backend string, b *Broker, c *client.Client) {
+	backendsAndGVisor(t, nil, func(t *testing.T, backend string, b *Broker, c *client.Client) {
 		requireHostPlotting(t, backend)
 		r, _ := cell(t, c, "", "x = 42", nil)
 		s := r.SessionID
@@ -188,7 +188,7 @@ Table()`, nil)
 }
 
 func TestNotebookTimeoutAndOOMKillKernelAndNextCallSaysStateLost(t *testing.T) {
-	backends(t, map[string]string{"SANDBOX_MEMORY_MB": "384"}, func(t *testing.T, backend string, b *Broker, c *client.Client) {
+	backendsAndGVisor(t, map[string]string{"SANDBOX_MEMORY_MB": "384"}, func(t *testing.T, backend string, b *Broker, c *client.Client) {
 		requireHostPlotting(t, backend)
 		r, _ := cell(t, c, "", "x = 1", nil)
 		s := r.SessionID
@@ -229,18 +229,24 @@ func kernelRunning(t *testing.T, connFile string) bool {
 }
 
 func TestCloseSessionKillsKernel(t *testing.T) {
-	backends(t, nil, func(t *testing.T, backend string, b *Broker, c *client.Client) {
+	backendsAndGVisor(t, nil, func(t *testing.T, backend string, b *Broker, c *client.Client) {
 		requireHostPlotting(t, backend)
 		r, _ := cell(t, c, "", "from ipykernel.connect import get_connection_file\nget_connection_file()", nil)
 		conn := strings.Trim(r.Result, "'")
-		if !strings.HasSuffix(conn, "/kernel.json") || !kernelRunning(t, conn) {
-			t.Fatalf("kernel connection file %q not found on the host", conn)
+		// Under gVisor the sandbox's processes are not host processes:
+		// there the kernel lives exactly as long as its sandbox.
+		running := func() bool { return kernelRunning(t, conn) }
+		if backend == "docker-runsc" {
+			running = func() bool { return len(containersLabelled(t, "sandbox.root="+b.Root)) > 0 }
+		}
+		if !strings.HasSuffix(conn, "/kernel.json") || !running() {
+			t.Fatalf("kernel (connection file %q) not found running", conn)
 		}
 		if res := callTool(t, c, "close_session", map[string]any{"session_id": r.SessionID}); res.IsError {
 			t.Fatalf("close_session: %+v", res.Content)
 		}
 		deadline := time.Now().Add(20 * time.Second)
-		for kernelRunning(t, conn) {
+		for running() {
 			if time.Now().After(deadline) {
 				t.Fatal("the kernel outlived close_session")
 			}
@@ -250,7 +256,7 @@ func TestCloseSessionKillsKernel(t *testing.T) {
 }
 
 func TestFreshRunFiguresComeBackAsImages(t *testing.T) {
-	backends(t, nil, func(t *testing.T, backend string, b *Broker, c *client.Client) {
+	backendsAndGVisor(t, nil, func(t *testing.T, backend string, b *Broker, c *client.Client) {
 		requireHostPlotting(t, backend)
 		r, res := run(t, c, map[string]any{"language": "python",
 			"code": "import matplotlib.pyplot as plt\nplt.plot([1, 2]); plt.show()\nplt.figure(); plt.plot([2, 1])\nprint('done')"})
@@ -261,7 +267,7 @@ func TestFreshRunFiguresComeBackAsImages(t *testing.T) {
 }
 
 func TestNotebookKernelGoesWithIdleSandboxAndNextCallSaysSo(t *testing.T) {
-	backends(t, map[string]string{"SANDBOX_IDLE_TIMEOUT_MS": "1000"}, func(t *testing.T, backend string, b *Broker, c *client.Client) {
+	backendsAndGVisor(t, map[string]string{"SANDBOX_IDLE_TIMEOUT_MS": "1000"}, func(t *testing.T, backend string, b *Broker, c *client.Client) {
 		requireHostPlotting(t, backend)
 		r, _ := cell(t, c, "", "x = 1", nil)
 		deadline := time.Now().Add(30 * time.Second)
@@ -279,7 +285,7 @@ func TestNotebookKernelGoesWithIdleSandboxAndNextCallSaysSo(t *testing.T) {
 }
 
 func TestNotebookCallsInOneSessionAreSerialized(t *testing.T) {
-	backends(t, nil, func(t *testing.T, backend string, b *Broker, c *client.Client) {
+	backendsAndGVisor(t, nil, func(t *testing.T, backend string, b *Broker, c *client.Client) {
 		requireHostPlotting(t, backend)
 		r, _ := cell(t, c, "", "import time\nspans = []", nil)
 		errs := make(chan error, 3)
@@ -314,7 +320,7 @@ func TestNotebookCallsInOneSessionAreSerialized(t *testing.T) {
 // looks like a zombie to the agent's sweep; the broker's host-side check
 // must still find it, in the kernel's session as in any other.
 func TestNotebookZombieLeaderThreadsDoNotSurvive(t *testing.T) {
-	backends(t, nil, func(t *testing.T, backend string, b *Broker, c *client.Client) {
+	backendsAndGVisor(t, nil, func(t *testing.T, backend string, b *Broker, c *client.Client) {
 		requireHostPlotting(t, backend)
 		for _, setsid := range []string{"", "os.setsid()"} {
 			r, _ := cell(t, c, "", `
@@ -330,16 +336,7 @@ print("spawned")`, nil)
 			if strings.TrimSpace(r.Stdout) != "spawned" {
 				t.Fatalf("spawn: %+v", r)
 			}
-			r2, _ := run(t, c, map[string]any{"session_id": r.SessionID, "language": "python", "code": `
-import glob
-live = 0
-for d in glob.glob("/proc/[0-9]*/task/[0-9]*"):
-    try:
-        st = open(d + "/stat").read()
-        if open(d + "/comm").read().strip() == "zombieleader" and st[st.rindex(")") + 2] not in "ZX":
-            live += 1
-    except (OSError, ValueError): pass
-print(live)`})
+			r2, _ := run(t, c, map[string]any{"session_id": r.SessionID, "language": "python", "code": zombieLeaderProbe})
 			if strings.TrimSpace(r2.Stdout) != "0" {
 				t.Fatalf("%q: threads of a zombie leader survived the cell: %+v", setsid, r2)
 			}

@@ -201,8 +201,16 @@ srv.listen(sock, () => console.log('listening'))
 	if code != http.StatusBadGateway || strings.Contains(page, "ApiVersion") {
 		t.Fatalf("after the symlink swap: %d %s", code, page)
 	}
+	// The app's own log line can reach the broker after its answer did
+	// (node writes to a pipe asynchronously): wait for it, bounded.
 	var out projectOutput
-	resultJSON(t, callTool(t, c, "get_sandbox_output", map[string]any{"sandbox_id": created.SandboxID, "output_type": "console_log"}), &out)
+	for deadline := time.Now().Add(15 * time.Second); ; {
+		resultJSON(t, callTool(t, c, "get_sandbox_output", map[string]any{"sandbox_id": created.SandboxID, "output_type": "console_log"}), &out)
+		if strings.Contains(out.Output, "request 1 /") || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
 	if !strings.Contains(out.Output, "request 1 /") || strings.Contains(out.Output, "request 2") {
 		t.Fatalf("console_log: %q", out.Output)
 	}

@@ -16,6 +16,8 @@ type Deps struct {
 	// GitHub is nil when no repository allow-list is configured.
 	GitHub       GitHubCommitter
 	SessionFiles SessionFiles
+	// Tasks is nil when agent tasks are not configured.
+	Tasks *Tasks
 }
 
 // Toolset names, also accepted by MCP_TOOLSETS / --toolsets.
@@ -28,7 +30,7 @@ const (
 )
 
 func init() {
-	for _, n := range []string{ToolsetAccount, ToolsetSandbox, ToolsetFiles, ToolsetJobs, ToolsetProjects, ToolsetGitHub} {
+	for _, n := range []string{ToolsetAccount, ToolsetSandbox, ToolsetFiles, ToolsetJobs, ToolsetProjects, ToolsetGitHub, ToolsetAgent} {
 		config.KnownToolsets[n] = true
 	}
 }
@@ -58,5 +60,13 @@ func DefaultGroup(d Deps) *Group {
 	projectsSet := NewToolset(ToolsetProjects, "Web projects in hosted CodeSandbox VMs or local containers, with previews").Needs(ServiceProjects).
 		AddReadTools(d.Projects.ListSandboxes()).
 		AddWriteTools(d.Projects.CreateSandboxForProject(), d.Projects.WriteFilesToSandbox(), d.Projects.GetSandboxOutput())
-	return &Group{sets: []*Toolset{account, sandbox, files, jobsSet, projectsSet, GitHubToolset(d.GitHub, d.SessionFiles)}}
+	tasks := d.Tasks
+	if tasks == nil {
+		tasks = &Tasks{Jobs: j}
+	}
+	agentSet := NewToolset(ToolsetAgent, "Whole tasks for a coding agent that works unattended in your sandbox, reaching models only through the broker").
+		Needs(ServiceSandbox, ServiceModels).
+		AddReadTools(tasks.GetFiles()).
+		AddWriteTools(tasks.ExecuteTask(), CleanupSession(d.Engine))
+	return &Group{sets: []*Toolset{account, sandbox, files, jobsSet, projectsSet, GitHubToolset(d.GitHub, d.SessionFiles), agentSet}}
 }

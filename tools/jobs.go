@@ -1,6 +1,7 @@
 package tools
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"net"
@@ -10,11 +11,13 @@ import (
 
 	"github.com/mark3labs/mcp-go/mcp"
 
+	"github.com/sandbox-broker/sandbox-broker/middleware"
 	"github.com/sandbox-broker/sandbox-broker/services/brokererr"
 	"github.com/sandbox-broker/sandbox-broker/services/egress"
 	"github.com/sandbox-broker/sandbox-broker/services/identity"
 	"github.com/sandbox-broker/sandbox-broker/services/jobs"
 	"github.com/sandbox-broker/sandbox-broker/services/sandbox"
+	"github.com/sandbox-broker/sandbox-broker/services/sessions"
 	"github.com/sandbox-broker/sandbox-broker/services/workspace"
 )
 
@@ -183,6 +186,36 @@ func (j *Jobs) start(ctx context.Context, p identity.Principal, a *ExecuteCodeAs
 	if a.SandboxConfig != nil && a.SandboxConfig.Network != nil {
 		policy = a.SandboxConfig.Network.Policy
 	}
+	return j.launch(ctx, p, a.SessionID, timeout, func(lease *sessions.Lease) (jobs.StartRequest, error) {
+		spec := sandbox.JobSpec{Command: a.Command, WorkDir: wd, Env: a.Environment, Timeout: timeout, Interactive: a.Interactive}
+		var network jobs.EgressBuilder
+		if policy.Mode != egress.ModeNone && j.Egress != nil {
+			network = j.egressBuilder(p, lease, policy)
+		}
+		return jobs.StartRequest{Spec: spec, Network: policy.String(), Egress: network}, nil
+	})
+}
+
+// egressBuilder gives a job of lease's session the egress proxy for
+// policy, reporting the requests a rule refused as the job's events.
+func (j *Jobs) egressBuilder(p identity.Principal, lease *sessions.Lease, policy egress.Policy) jobs.EgressBuilder {
+	return func(deny func(jobs.EgressDenial)) (func(net.Listener), error) {
+		return j.Egress(p.ID, lease.WorkspaceID, policy, func(d egress.Decision) {
+			if !d.Allowed && d.Rule != "" { // refused by a rule, not failed
+				deny(jobs.EgressDenial{Host: d.Host, Port: d.Port, Reason: d.Reason, Rule: d.Rule})
+			}
+		})
+	}
+}
+
+// launch runs a validated job in the caller's session: it holds timeout of
+// the daily execution budget and the session, lets prepare build the job
+// (Spec, Network, Egress, the stream hooks; it may use the session, which
+// it holds), and starts it. The budget is settled and the session unpinned
+// when the job ends; the job is counted in the sandbox metrics then.
+func (j *Jobs) launch(ctx context.Context, p identity.Principal, sessionID string, timeout time.Duration,
+	prepare func(*sessions.Lease) (jobs.StartRequest, error)) (execID, sessID string, err error) {
+	e := j.Engine
 	hold, err := e.reserveExecution(ctx, p, timeout)
 	if err != nil {
 		return "", "", err
@@ -193,7 +226,7 @@ func (j *Jobs) start(ctx context.Context, p identity.Principal, a *ExecuteCodeAs
 			hold.settle(0)
 		}
 	}()
-	lease, err := e.Sessions.Acquire(ctx, p.ID, a.SessionID, true)
+	lease, err := e.Sessions.Acquire(ctx, p.ID, sessionID, true)
 	if err != nil {
 		return "", "", err
 	}
@@ -203,30 +236,45 @@ func (j *Jobs) start(ctx context.Context, p identity.Principal, a *ExecuteCodeAs
 	if !ok {
 		return "", "", brokererr.New(brokererr.NotConfigured, "this sandbox backend cannot run executions")
 	}
-	spec := sandbox.JobSpec{Command: a.Command, WorkDir: wd, Env: a.Environment, Timeout: timeout, Interactive: a.Interactive}
-	var network jobs.EgressBuilder
-	if policy.Mode != egress.ModeNone && j.Egress != nil {
-		network = func(deny func(jobs.EgressDenial)) (func(net.Listener), error) {
-			return j.Egress(p.ID, lease.WorkspaceID, policy, func(d egress.Decision) {
-				if !d.Allowed && d.Rule != "" { // refused by a rule, not failed
-					deny(jobs.EgressDenial{Host: d.Host, Port: d.Port, Reason: d.Reason, Rule: d.Rule})
-				}
-			})
-		}
-	}
-	unpin := lease.Pin()
-	started = true
-	id, err := j.Jobs.Start(ctx, jobs.StartRequest{
-		Principal: p.ID, SessionID: lease.ID, SessionKey: lease.WorkspaceID, Runner: runner, Spec: spec, Network: policy.String(), Egress: network,
-		OnEnd: func(x sandbox.JobExit) {
-			unpin()
-			hold.settle(x.Duration)
-		},
-	})
+	req, err := prepare(lease)
 	if err != nil {
 		return "", "", err
 	}
+	req.Principal, req.SessionID, req.SessionKey, req.Runner = p.ID, lease.ID, lease.WorkspaceID, runner
+	language := cmp.Or(req.Spec.Language, "shell")
+	unpin := lease.Pin()
+	started = true
+	onEnd := req.OnEnd
+	ended := make(chan sandbox.JobExit, 1)
+	req.OnEnd = func(x sandbox.JobExit) {
+		unpin()
+		hold.settle(x.Duration)
+		if onEnd != nil {
+			onEnd(x)
+		}
+		ended <- x
+	}
+	id, err := j.Jobs.Start(ctx, req)
+	if err != nil {
+		return "", "", err // it never ran: not an execution to count
+	}
+	go func() {
+		x := <-ended
+		e.observe(language, jobOutcome(x), x.Duration)
+	}()
 	return id, lease.ID, nil
+}
+
+// jobOutcome classifies a job's end for the metrics (a cancelled job ends
+// by a signal, which counts as an error).
+func jobOutcome(x sandbox.JobExit) string {
+	switch {
+	case x.TimedOut:
+		return middleware.ExecTimeout
+	case x.Err != nil || x.ExitCode != 0 || x.Signal != "":
+		return middleware.ExecError
+	}
+	return middleware.ExecOK
 }
 
 // page reads events after since and cleans their text.
@@ -274,8 +322,8 @@ func (j *Jobs) follow(ctx context.Context, p identity.Principal, id, what string
 			out, err := j.Jobs.Read(ctx, p.ID, id, jobs.ReadRequest{Since: seen, MaxEvents: maxPageEvents, MaxBytes: maxPageBytes})
 			if err == nil {
 				for _, ev := range out.Events {
-					if ev.Type == jobs.EventStdout || ev.Type == jobs.EventStderr {
-						data, _ := cleanOutput([]byte(ev.Data), maxPageBytes)
+					if text := notifyText(ev); text != "" {
+						data, _ := cleanOutput([]byte(text), maxPageBytes)
 						n.output(ctx, ev.Type, data)
 					}
 					n.progress(ctx, what+" "+ev.Type)
@@ -297,6 +345,18 @@ func (j *Jobs) follow(ctx context.Context, p identity.Principal, id, what string
 		}
 	}
 	return j.page(ctx, p, id, 0, 0)
+}
+
+// notifyText is what an event streams as a log message: output, and a
+// task's agent text, tool calls, tool results and answer.
+func notifyText(ev jobs.Event) string {
+	switch ev.Type {
+	case jobs.EventStdout, jobs.EventStderr, jobs.EventAssistant, jobs.EventToolResult, jobs.EventResult:
+		return ev.Data
+	case jobs.EventToolUse:
+		return ev.Tool + " " + ev.Data
+	}
+	return ""
 }
 
 func withHint(r ExecutionResult) ExecutionResult {

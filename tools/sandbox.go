@@ -34,6 +34,15 @@ type Engine struct {
 	Redact func(string) string
 	// MaxLinkBytes caps the files signed links serve and accept.
 	MaxLinkBytes int64
+	// Metrics counts executions (nil: not counted).
+	Metrics *middleware.SandboxMetrics
+}
+
+// observe counts one finished execution in the sandbox metrics.
+func (e *Engine) observe(language, outcome string, d time.Duration) {
+	if e.Metrics != nil && e.Backend != nil {
+		e.Metrics.Observe(e.Backend.Name(), language, outcome, d)
+	}
 }
 
 // URLSigner makes signed download links for workspace files, and upload
@@ -207,6 +216,7 @@ func RunCode(e *Engine) ServerTool {
 			res, err := lease.Session.Exec(ctx, sandbox.ExecRequest{Language: a.Language, Code: a.Code, Timeout: timeout, MaxOutputBytes: maxAgentBytes, Mode: a.Mode})
 			stop()
 			hold.settle(res.Duration) // spent time counts even when the run failed
+			e.observe(a.Language, runOutcome(res, err), res.Duration)
 			if err != nil {
 				return nil, err
 			}
@@ -223,6 +233,17 @@ func RunCode(e *Engine) ServerTool {
 			files.Content = append(shown, files.Content...)
 			return prependJSON(files, out)
 		}).withRules(timeoutRule("timeout_s", e))
+}
+
+// runOutcome classifies a run for the metrics.
+func runOutcome(res sandbox.ExecResult, err error) string {
+	switch {
+	case res.TimedOut || brokererr.CodeOf(err) == brokererr.SandboxTimeout:
+		return middleware.ExecTimeout
+	case err != nil || res.ExitCode != 0 || res.Signal != "" || res.OOMKilled:
+		return middleware.ExecError
+	}
+	return middleware.ExecOK
 }
 
 func joinOutput(stdout, stderr string) string {
@@ -332,8 +353,17 @@ type CloseSessionArgs struct {
 
 // CloseSession destroys a session's sandbox and files.
 func CloseSession(e *Engine) ServerTool {
-	return newTool("close_session", "Close a session: its sandbox stops and its files are deleted.",
-		0, writeAnnotations("Close session", true, true),
+	return closeSession(e, "close_session", "Close a session: its sandbox stops and its files are deleted.")
+}
+
+// CleanupSession is close_session under the name the task tools use: one
+// implementation, two names.
+func CleanupSession(e *Engine) ServerTool {
+	return closeSession(e, "cleanup_session", "Clean up a task's session: its sandbox (and any running task) stops and its workspace is deleted. The same operation as close_session.")
+}
+
+func closeSession(e *Engine, name, description string) ServerTool {
+	return newTool(name, description, 0, writeAnnotations("Close session", true, true),
 		func(ctx context.Context, p identity.Principal, a *CloseSessionArgs) (*mcp.CallToolResult, error) {
 			if err := e.ready(); err != nil {
 				return nil, err

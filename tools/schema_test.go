@@ -40,6 +40,9 @@ var validArgs = map[string]string{
 	"commit_session_files":       `{"repo_id":"r","branch":"b","session_id":"s1","paths":["a.txt"],"commit_message":"m"}`,
 	"read_github_file":           `{"repo_id":"r","file_path":"a.txt"}`,
 	ResourceRead:                 `{"uri":"sandbox://sessions/s1/files/a.txt"}`,
+	"execute_task":               `{"task":"t"}`,
+	"get_files":                  `{"session_id":"s1","paths":["a.txt"]}`,
+	"cleanup_session":            `{"session_id":"s1"}`,
 }
 
 // fieldBases replace the base for one field whose rule excludes another

@@ -36,6 +36,7 @@ const (
 	ServiceSandbox  Service = "sandbox backend"
 	ServiceProjects Service = "project provider"
 	ServiceGitHub   Service = "GitHub allow-list"
+	ServiceModels   Service = "model gateway" // agent tasks
 )
 
 // ReadOnly reports the tool's readOnlyHint, the single source of truth for

@@ -143,6 +143,9 @@ const (
 	// LangNode is a shell in the Node runner, which carries the web project
 	// starters; project builds run through it.
 	LangNode = "node" // bash main.sh
+	// LangAgent is a shell in the agent runner (coding agents for
+	// execute_task), which only tasks use.
+	LangAgent = "agent" // bash main.sh
 )
 
 // RunLanguages are the languages run_code offers; LangNode is the project

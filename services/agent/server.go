@@ -34,6 +34,7 @@ func DefaultCommands() map[string]Command {
 		LangJavaScript: {Argv: []string{"node"}, Ext: ".js"},
 		LangBash:       {Argv: []string{"bash"}, Ext: ".sh"},
 		LangNode:       {Argv: []string{"bash"}, Ext: ".sh"},
+		LangAgent:      {Argv: []string{"bash"}, Ext: ".sh"},
 	}
 }
 

@@ -26,6 +26,7 @@ import (
 	"github.com/sandbox-broker/sandbox-broker/services/identity"
 	"github.com/sandbox-broker/sandbox-broker/services/jobs"
 	"github.com/sandbox-broker/sandbox-broker/services/logging"
+	"github.com/sandbox-broker/sandbox-broker/services/modelgw"
 	"github.com/sandbox-broker/sandbox-broker/services/projects"
 	"github.com/sandbox-broker/sandbox-broker/services/quota"
 	"github.com/sandbox-broker/sandbox-broker/services/rootfs"
@@ -75,6 +76,11 @@ type Broker struct {
 	egress     egressQuotas
 	refusals   *httpRefusals
 	decisions  decisionLog // the reaper's and egress proxies', for the operator view
+
+	// Agent tasks: the model gateway's budget store (nil without tasks);
+	// the sandbox metrics.
+	modelBudget    *modelgw.Budget
+	sandboxMetrics *middleware.SandboxMetrics
 }
 
 // Options are what the caller supplies besides Config.
@@ -121,6 +127,13 @@ func New(ctx context.Context, cfg config.Config, opts Options) (b *Broker, err e
 		return nil, err
 	}
 	secrets = append(secrets, ghTokens...)
+	agentKeys, err := loadAgentKeys(cfg)
+	if err != nil {
+		return nil, err
+	}
+	for _, k := range agentKeys {
+		secrets = append(secrets, k)
+	}
 	if cfg.Transport == "http" {
 		var token string
 		if b.tokens, token, err = loadTokens(cfg, opts.Notice); err != nil {
@@ -156,6 +169,12 @@ func New(ctx context.Context, cfg config.Config, opts Options) (b *Broker, err e
 		return nil, fmt.Errorf("open state store: %w", err)
 	}
 	b.metrics = middleware.NewMetrics()
+	b.sandboxMetrics = b.metrics.NewSandboxMetrics(func() int {
+		if b.sandboxes == nil {
+			return 0
+		}
+		return b.sandboxes.Active()
+	})
 	b.pm = b.registerMetrics(b.metrics.Registry)
 	b.checks = []check{{"audit_log", b.audit.Ping}, {"state_store", b.quota.Ping}, {"storage", storageCheck(cfg.Root)}}
 	if err := b.openOAuth(ctx, cfg); err != nil {
@@ -171,11 +190,15 @@ func New(ctx context.Context, cfg config.Config, opts Options) (b *Broker, err e
 	eng := b.engine(cfg)
 	runs := &tools.Jobs{Engine: eng, Jobs: b.jobs, Egress: b.egressFor}
 	gh, sf := b.githubDeps()
+	tasks, err := b.openTasks(ctx, cfg, runs, agentKeys, b.backend != nil && b.backend.Name() == "docker")
+	if err != nil {
+		return nil, err
+	}
 	deps := tools.Deps{Usage: b.quota, Limits: b.limits, Engine: eng,
 		Jobs: runs, Projects: &tools.Projects{Manager: b.projects, Runs: runs, BuildWait: time.Duration(cfg.BuildWaitS) * time.Second, Redact: b.redactor.String},
-		GitHub: gh, SessionFiles: sf}
+		GitHub: gh, SessionFiles: sf, Tasks: tasks}
 	group := tools.DefaultGroup(deps)
-	b.markUnconfigured(group, cfg)
+	b.markUnconfigured(group, cfg, tasks)
 	if b.tools, err = group.Enable(cfg.Toolsets, cfg.ReadOnly); err != nil {
 		return nil, err
 	}
@@ -279,6 +302,9 @@ func (b *Broker) Close() error {
 	}
 	if b.quota != nil {
 		errs = append(errs, b.quota.Close())
+	}
+	if b.modelBudget != nil {
+		errs = append(errs, b.modelBudget.Close())
 	}
 	return errors.Join(errs...)
 }

@@ -152,7 +152,7 @@ func (b *Broker) openBackend(ctx context.Context, cfg config.Config, agentBin st
 		return eng, false, nil
 	}
 	if cfg.Backend == "docker" || cfg.Backend == "auto" {
-		eng, err := docker.New(ctx, docker.Options{
+		o := docker.Options{
 			Root:        cfg.Root,
 			AgentBinary: agentBin,
 			PoolSize:    cfg.PoolSize,
@@ -169,7 +169,9 @@ func (b *Broker) openBackend(ctx context.Context, cfg config.Config, agentBin st
 			Log:         b.log, // the engine names its component
 			WorkspaceLimits: workspace.Limits{MaxFiles: cfg.MaxFiles, MaxBytes: cfg.MaxWorkspaceMB << 20,
 				MaxFileBytes: min(cfg.MaxWorkspaceMB<<20, 64<<20)},
-		})
+		}
+		agentEngineOptions(cfg, &o)
+		eng, err := docker.New(ctx, o)
 		if err == nil {
 			b.poolStats = func() map[string]int { return eng.Stats().PoolReady }
 			return eng, true, nil
@@ -243,7 +245,7 @@ func (b *Broker) reserveSandbox(ctx context.Context, principal string) error {
 }
 
 func (b *Broker) engine(cfg config.Config) *tools.Engine {
-	e := &tools.Engine{URLs: b.signer, Exec: b.quota, Limits: b.limits, Redact: b.redactor.String,
+	e := &tools.Engine{URLs: b.signer, Exec: b.quota, Limits: b.limits, Redact: b.redactor.String, Metrics: b.sandboxMetrics,
 		DefaultTimeout: time.Duration(cfg.TimeoutS) * time.Second, MaxTimeout: time.Duration(cfg.MaxTimeoutS) * time.Second,
 		MaxLinkBytes: linkCap(cfg)}
 	if b.sandboxes != nil {

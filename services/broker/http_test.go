@@ -27,9 +27,11 @@ func TestCanonicalPath(t *testing.T) {
 }
 
 // FuzzCanonicalPath: a path canonicalPath accepts is never redirected by
-// http.ServeMux, the cleaning this guard stands in front of.
+// http.ServeMux's cleaning, which this guard stands in front of. The
+// subtree redirect ("/files" to "/files/") adds a slash and cleans
+// nothing, so it is allowed.
 func FuzzCanonicalPath(f *testing.F) {
-	for _, s := range []string{"/", "/mcp", "//mcp", "/./x", "/x/..", "/%2e%2e/x", "/a%2Fb", "/files/x/", "/x/."} {
+	for _, s := range []string{"/", "/mcp", "//mcp", "/./x", "/x/..", "/%2e%2e/x", "/a%2Fb", "/files/x/", "/x/.", "/files"} {
 		f.Add(s)
 	}
 	mux := http.NewServeMux()
@@ -45,7 +47,7 @@ func FuzzCanonicalPath(f *testing.F) {
 		}
 		rec := httptest.NewRecorder()
 		mux.ServeHTTP(rec, &http.Request{Method: http.MethodGet, URL: u, Host: "x", Header: http.Header{}})
-		if rec.Code >= 300 && rec.Code < 400 {
+		if rec.Code >= 300 && rec.Code < 400 && rec.Header().Get("Location") != p+"/" {
 			t.Fatalf("accepted %q but ServeMux redirects it (%d to %q)", p, rec.Code, rec.Header().Get("Location"))
 		}
 	})

@@ -9,7 +9,7 @@ import (
 // markUnconfigured tells the tool group which services this broker lacks,
 // so their tools are not listed (they could only answer NOT_CONFIGURED),
 // and says so in the log with what to configure.
-func (b *Broker) markUnconfigured(g *tools.Group, cfg config.Config) {
+func (b *Broker) markUnconfigured(g *tools.Group, cfg config.Config, tasks *tools.Tasks) {
 	mark := func(s tools.Service, why string) {
 		g.Unconfigured(s, why)
 		b.log.Info().Str("service", string(s)).Str("reason", why).Msg("tools_not_listed")
@@ -31,5 +31,12 @@ func (b *Broker) markUnconfigured(g *tools.Group, cfg config.Config) {
 	}
 	if b.github == nil {
 		mark(tools.ServiceGitHub, "GITHUB_REPOS_FILE is not set")
+	}
+	switch {
+	case tasks != nil && tasks.Gateway != nil:
+	case tasks == nil:
+		mark(tools.ServiceModels, "set ANTHROPIC_API_KEY or AGENT_KEYS_FILE")
+	default:
+		mark(tools.ServiceModels, "agent tasks need the Docker backend")
 	}
 }

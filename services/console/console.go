@@ -29,6 +29,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/sandbox-broker/sandbox-broker/audit"
+	"github.com/sandbox-broker/sandbox-broker/middleware"
 	"github.com/sandbox-broker/sandbox-broker/services/identity"
 )
 
@@ -205,7 +206,10 @@ func (c *Console) headers(next http.Handler) http.Handler {
 		// Not no-referrer: with it browsers send "Origin: null" on
 		// same-origin form posts, which the Origin check must refuse.
 		h.Set("Referrer-Policy", "same-origin")
-		next.ServeHTTP(w, r)
+		// Every tool call the console makes for this request is audited as
+		// coming from the console, with the person's address and browser.
+		src := audit.Source{Transport: "console", ClientAddr: r.RemoteAddr, UserAgent: r.UserAgent()}
+		next.ServeHTTP(w, r.WithContext(middleware.WithSource(r.Context(), src)))
 	})
 }
 

@@ -5,6 +5,7 @@
 package docker
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -13,7 +14,6 @@ import (
 	"path/filepath"
 	"slices"
 	"sort"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -71,6 +71,13 @@ type Options struct {
 	// serves (the project engine serves only the Node runner, run_code
 	// every other one).
 	Languages []string
+	// JobLanguages are served too, but only to jobs that name them
+	// (JobSpec.Language): runs refuse them and Runners does not list them.
+	// The agent runner, which only execute_task uses, is one.
+	JobLanguages []string
+	// Resources overrides Memory and NanoCPUs for the containers of some
+	// languages (the agent runner gets more than a run).
+	Resources map[string]Resources
 	// UIDs leases the host uid (and gid) each session's containers run as,
 	// so an escape from one container is not every container's uid; warm
 	// containers start under a uid of their own that a claim hands to the
@@ -86,6 +93,13 @@ type Options struct {
 	// OnAcquire, when set, hears how long each session waited for its
 	// container, and whether it came warm from the pool or cold (metrics).
 	OnAcquire func(language, source string, wait time.Duration)
+}
+
+// Resources are one language's container limits; zero fields keep the
+// engine's.
+type Resources struct {
+	Memory   int64 // bytes
+	NanoCPUs int64
 }
 
 const (
@@ -250,7 +264,9 @@ func (e *Engine) Runners(ctx context.Context) ([]sandbox.Runner, error) {
 	}
 	out := make([]sandbox.Runner, 0, len(m))
 	for _, r := range m {
-		out = append(out, sandbox.Runner{Language: r.Language, Image: r.Ref})
+		if !slices.Contains(e.o.JobLanguages, r.Language) {
+			out = append(out, sandbox.Runner{Language: r.Language, Image: r.Ref})
+		}
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Language < out[j].Language })
 	return out, nil
@@ -275,7 +291,8 @@ func (e *Engine) discover(ctx context.Context) (map[string]runnerImage, error) {
 	}
 	for _, im := range imgs {
 		lang := im.Labels[LabelLanguage]
-		if lang == "" || !validLanguage(lang) || (len(e.o.Languages) > 0 && !slices.Contains(e.o.Languages, lang)) {
+		if lang == "" || !validLanguage(lang) ||
+			(len(e.o.Languages) > 0 && !slices.Contains(e.o.Languages, lang) && !slices.Contains(e.o.JobLanguages, lang)) {
 			continue
 		}
 		r := runnerImage{Language: lang, ID: im.ID, Ref: im.ID, Created: im.Created}
@@ -419,12 +436,13 @@ type ctr struct {
 	// what the last stray check found (see sessionsBefore), guarded by the
 	// owning session's mu.
 	monitor  *sessionMonitor
-	sessions map[int][]int
+	sessions agent.Sessions
 	// died is closed when the watcher learns the container died.
 	died     chan struct{}
 	diedOnce sync.Once
-	// kernelSID is the host session ID of its notebook kernel (see
-	// agent.Strays); guarded by the owning session's mu.
+	// kernelSID is the session ID of its notebook kernel (see
+	// agent.Strays), as the stray check reads it: a host ID under runc, the
+	// sandbox's own under gVisor. Guarded by the owning session's mu.
 	kernelSID int
 }
 
@@ -473,6 +491,10 @@ func prepareDir(dir string, uid int) error {
 func (e *Engine) specFor(r runnerImage, id, workspaceDir, runDir, workspaceLabel string, uid int, dataIsLink bool) (*container.Config, *container.HostConfig) {
 	yes := true
 	pids := e.o.PidsLimit
+	mem, cpus := e.o.Memory, e.o.NanoCPUs
+	if res, ok := e.o.Resources[r.Language]; ok {
+		mem, cpus = cmp.Or(res.Memory, mem), cmp.Or(res.NanoCPUs, cpus)
+	}
 	cfg := &container.Config{
 		Image:           r.ID,
 		User:            fmt.Sprintf("%d:%d", uid, uid),
@@ -529,9 +551,9 @@ func (e *Engine) specFor(r runnerImage, id, workspaceDir, runDir, workspaceLabel
 		LogConfig: container.LogConfig{Type: "json-file",
 			Config: map[string]string{"max-size": "1m", "max-file": "1"}},
 		Resources: container.Resources{
-			Memory:     e.o.Memory,
-			MemorySwap: e.o.Memory,
-			NanoCPUs:   e.o.NanoCPUs,
+			Memory:     mem,
+			MemorySwap: mem,
+			NanoCPUs:   cpus,
 			PidsLimit:  &pids,
 			Ulimits: []*container.Ulimit{
 				{Name: "nofile", Soft: 1024, Hard: 1024},
@@ -712,41 +734,4 @@ func (e *Engine) oomKills(c *ctr) int64 {
 		}
 	}
 	return -1
-}
-
-// sessions maps the session ID of every live thread in the container to
-// its threads, read from the host's /proc (nil when it cannot tell).
-// Threads, not processes: cgroup.procs omits a process whose leader thread
-// exited while its other threads run on.
-func (e *Engine) sessions(c *ctr) map[int][]int {
-	b, err := os.ReadFile(filepath.Join(cgroupRoot, "pids", "docker", c.dockerID, "tasks"))
-	if err != nil {
-		return nil
-	}
-	var pids []int
-	for _, f := range strings.Fields(string(b)) {
-		if tid, err := strconv.Atoi(f); err == nil {
-			pids = append(pids, tid)
-		}
-	}
-	out := make(map[int][]int, len(pids))
-	for _, pid := range pids {
-		if sid, ok := liveSessionID(pid); ok {
-			out[sid] = append(out[sid], pid)
-		}
-	}
-	return out
-}
-
-// liveSessionID reads the session field of /proc/<tid>/stat (any thread ID
-// works there). Threads that run no code again are skipped: zombies, and
-// threads already in exit (PF_EXITING), such as a run that reported its
-// status just before its teardown finished.
-func liveSessionID(pid int) (int, bool) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return 0, false
-	}
-	st, ok := agent.ParseProcStat(b)
-	return st.Session, ok && st.Live()
 }

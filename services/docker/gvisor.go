@@ -6,7 +6,6 @@ import (
 	"bufio"
 	"cmp"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -113,18 +112,23 @@ func (e *Engine) applyRuntimeLimits(hc *container.HostConfig) {
 // sessionsTimeout bounds starting the session monitor and each answer.
 const sessionsTimeout = 10 * time.Second
 
-// sessionMonitor lists the sessions of every live thread in a gVisor
-// sandbox as the sandbox's kernel sees them. Under runsc the sandbox's
-// processes are not host processes (the host sees only the Sentry, the
-// gofer and systrap stubs, in sessions of their own), so runc's host-/proc
-// check cannot work. The monitor is `agent sessions`, started once per
+// sessionMonitor lists the sessions of a gVisor sandbox and their
+// processes (agent.Sessions) as the sandbox's kernel sees them. Under runsc
+// the sandbox's processes are not host processes (the host sees only the
+// Sentry, the gofer and systrap stubs, in sessions of their own), so runc's
+// host-/proc check cannot work, and the sandbox's process IDs mean nothing
+// in the host's /proc. The monitor is `agent sessions`, started once per
 // container by the runtime as root with no capabilities: sandbox code runs
 // as another uid and cannot signal, trace or feed it, and what it reads is
-// the Sentry's /proc. It answers one line of JSON per line it is sent.
+// the Sentry's /proc. It answers one line per line it is sent. Its answers
+// are parsed as untrusted all the same (agent.ParseSessions), and the
+// first bad one breaks the monitor for good: a stream out of step could
+// answer later questions with a line of an attacker's choosing.
 type sessionMonitor struct {
-	mu   sync.Mutex
-	conn net.Conn      // the exec's stdin, and its output stream
-	out  *bufio.Reader // its stdout, demultiplexed
+	mu     sync.Mutex
+	conn   net.Conn      // the exec's stdin, and its output stream
+	out    *bufio.Reader // its stdout, demultiplexed
+	broken error
 }
 
 // startSessionMonitor starts c's monitor; the container's removal ends it.
@@ -150,38 +154,49 @@ func (e *Engine) startSessionMonitor(ctx context.Context, c *ctr) (*sessionMonit
 		_, err := stdcopy.StdCopy(pw, io.Discard, att.Reader)
 		pw.CloseWithError(cmp.Or(err, io.EOF))
 	}()
-	return &sessionMonitor{conn: att.Conn, out: bufio.NewReader(pr)}, nil
+	return newSessionMonitor(att.Conn, pr), nil
+}
+
+// newSessionMonitor asks questions on conn and reads answers from out,
+// each at most agent.MaxSessionsAnswer bytes.
+func newSessionMonitor(conn net.Conn, out io.Reader) *sessionMonitor {
+	return &sessionMonitor{conn: conn, out: bufio.NewReaderSize(out, agent.MaxSessionsAnswer)}
 }
 
 // sessions asks the monitor once.
-func (m *sessionMonitor) sessions() (map[int]bool, error) {
+func (m *sessionMonitor) sessions() (agent.Sessions, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	// The deadline also ends a hung answer: the stream reader then fails,
-	// and so does every later question.
+	if m.broken != nil {
+		return nil, m.broken
+	}
+	s, err := m.ask()
+	if err != nil {
+		m.broken = fmt.Errorf("session monitor: %w", err)
+		_ = m.conn.Close()
+		return nil, m.broken
+	}
+	return s, nil
+}
+
+func (m *sessionMonitor) ask() (agent.Sessions, error) {
+	// The deadline also ends a hung answer.
 	if err := m.conn.SetDeadline(time.Now().Add(sessionsTimeout)); err != nil {
 		return nil, err
 	}
 	if _, err := m.conn.Write([]byte("\n")); err != nil {
 		return nil, err
 	}
-	line, err := m.out.ReadBytes('\n')
+	// ReadSlice fails with bufio.ErrBufferFull on a line longer than the
+	// buffer, which is the longest answer.
+	line, err := m.out.ReadSlice('\n')
 	if err != nil {
-		return nil, fmt.Errorf("session monitor: %w", err)
+		return nil, err
 	}
-	_ = m.conn.SetDeadline(time.Time{})
-	var ids []int
-	if err := json.Unmarshal(line, &ids); err != nil {
-		return nil, fmt.Errorf("session monitor: %w", err)
+	if err := m.conn.SetDeadline(time.Time{}); err != nil {
+		return nil, err
 	}
-	if len(ids) == 0 {
-		return nil, errors.New("session monitor: no sessions listed")
-	}
-	out := make(map[int]bool, len(ids))
-	for _, id := range ids {
-		out[id] = true
-	}
-	return out, nil
+	return agent.ParseSessions(line)
 }
 
 func (m *sessionMonitor) close() {
@@ -191,19 +206,9 @@ func (m *sessionMonitor) close() {
 }
 
 // sandboxSessions asks c's monitor; a container without one cannot tell.
-// The monitor names sessions only, so their thread lists are empty (see
-// agent.Strays: a kernel session's threads are not checked under gVisor).
-func (e *Engine) sandboxSessions(c *ctr) (map[int][]int, error) {
+func (e *Engine) sandboxSessions(c *ctr) (agent.Sessions, error) {
 	if c.monitor == nil {
 		return nil, errors.New("no session monitor")
 	}
-	ids, err := c.monitor.sessions()
-	if err != nil {
-		return nil, err
-	}
-	out := make(map[int][]int, len(ids))
-	for id := range ids {
-		out[id] = nil
-	}
-	return out, nil
+	return c.monitor.sessions()
 }

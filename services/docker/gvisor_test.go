@@ -2,9 +2,15 @@ package docker
 
 import (
 	"context"
+	"io"
+	"maps"
+	"net"
+	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/sandbox-broker/sandbox-broker/services/agent"
 )
 
 func TestRunscArgsChecked(t *testing.T) {
@@ -85,5 +91,44 @@ print("spawned")
 	res = exec1(t, s, "python", "print('next')", 20*time.Second)
 	if id := sessionContainer(t, s).dockerID; id == first || strings.TrimSpace(string(res.Stdout)) != "next" {
 		t.Fatalf("after the stray: %+v %s in %s", res, res.Stderr, shortID(id))
+	}
+}
+
+// TestSessionMonitorAnswersAreUntrusted: the monitor runs in the sandbox.
+// An answer over the limit or off the format is refused, and so is every
+// answer after it, even a good one: the stream is out of step.
+func TestSessionMonitorAnswersAreUntrusted(t *testing.T) {
+	for name, bad := range map[string]string{
+		"too long":       strings.Repeat(" ", agent.MaxSessionsAnswer) + "[[1,1]]\n",
+		"listed twice":   "[[1,1],[2,1]]\n",
+		"not the format": "[1]\n",
+	} {
+		t.Run(name, func(t *testing.T) {
+			host, sb := net.Pipe()
+			m := newSessionMonitor(host, host)
+			defer m.close()
+			go func() { // a monitor that answers each question with the next line
+				defer sb.Close()
+				q := make([]byte, 1)
+				for _, a := range []string{"[[1,1],[5,5],[5,6]]\n", bad, "[[1,1]]\n"} {
+					if _, err := io.ReadFull(sb, q); err != nil {
+						return
+					}
+					if _, err := io.WriteString(sb, a); err != nil {
+						return
+					}
+				}
+			}()
+			s, err := m.sessions()
+			if want := (agent.Sessions{1: {1}, 5: {5, 6}}); err != nil || !maps.EqualFunc(s, want, slices.Equal) {
+				t.Fatalf("good answer: %v, %v", s, err)
+			}
+			if s, err := m.sessions(); err == nil {
+				t.Fatalf("bad answer accepted: %v", s)
+			}
+			if s, err := m.sessions(); err == nil {
+				t.Fatalf("an answer after a bad one accepted: %v", s)
+			}
+		})
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"os"
+	"slices"
 	"sync"
 	"time"
 
@@ -66,6 +67,9 @@ func (s *Session) hold() (func(), error) {
 // Exec runs code in the session's container for req.Language.
 func (s *Session) Exec(ctx context.Context, req sandbox.ExecRequest) (sandbox.ExecResult, error) {
 	e := s.e
+	if slices.Contains(e.o.JobLanguages, req.Language) {
+		return sandbox.ExecResult{}, brokererr.New(brokererr.UnknownLanguage, "the %s runner runs only executions, not code", req.Language)
+	}
 	r, err := e.runner(ctx, req.Language)
 	if err != nil {
 		return sandbox.ExecResult{}, err
@@ -139,12 +143,20 @@ func (s *Session) execLocked(ctx context.Context, r runnerImage, req sandbox.Exe
 	if err != nil {
 		// The agent is gone, hung or the caller gave up: this container's
 		// state is unknown, so it goes; the next Exec starts a new one.
-		oom := !hardStop && ctx.Err() == nil && e.lostToOOM(ctx, c, oomBefore)
+		if !hardStop && ctx.Err() == nil && e.lostToOOM(ctx, c, oomBefore) {
+			s.retireLocked(r.Language, c, sandbox.LostOOM)
+			e.log.Info().Str("container", shortID(c.dockerID)).Msg("sandbox_oom_killed")
+			res := sandbox.ExecResult{Duration: dur, ExitCode: 137, Signal: "SIGKILL", OOMKilled: true}
+			if req.Mode == sandbox.ModeNotebook {
+				// The kernel went with the sandbox (gVisor's OOM kill ends
+				// the Sentry).
+				res.Kernel = &sandbox.KernelStatus{Ended: sandbox.LostOOM}
+				s.kernel.Observe(&res)
+			}
+			return res, nil
+		}
 		s.retireLocked(r.Language, c, sandbox.LostUnresponsive)
 		switch {
-		case oom:
-			e.log.Info().Str("container", shortID(c.dockerID)).Msg("sandbox_oom_killed")
-			return sandbox.ExecResult{Duration: dur, ExitCode: 137, Signal: "SIGKILL", OOMKilled: true}, nil
 		case hardStop:
 			e.log.Warn().Str("container", shortID(c.dockerID)).Dur("timeout", timeout).Msg("sandbox missed its deadline; killed")
 			return sandbox.ExecResult{TimedOut: true, Duration: dur, ExitCode: -1, Signal: "SIGKILL"},
@@ -298,56 +310,6 @@ func (e *Engine) lostToOOM(ctx context.Context, c *ctr, before int64) bool {
 	case <-errc:
 	}
 	return e.wasOOMKilled(ctx, c, -1)
-}
-
-// sessionsBefore returns the sessions in c before a run. Under gVisor it
-// is the set the last check found (after the previous run, or when the
-// container started), which saves a round trip to the sandbox per run.
-func (e *Engine) sessionsBefore(c *ctr) map[int][]int {
-	if e.o.Runtime != RuntimeRunsc {
-		return e.sessions(c)
-	}
-	if c.sessions == nil {
-		var err error
-		if c.sessions, err = e.sandboxSessions(c); err != nil {
-			e.log.Warn().Err(err).Str("container", shortID(c.dockerID)).Msg("sandbox_sessions_unknown")
-		}
-	}
-	return c.sessions
-}
-
-// hasStrays reports processes left after a run, read from the host's /proc
-// (under gVisor, from the Sentry's, see sessionMonitor) rather than from
-// the (untrusted) agent (see agent.Strays); it also keeps track of the
-// container's notebook kernel session. Caller holds s.mu.
-func (e *Engine) hasStrays(c *ctr, before map[int][]int, kernel *sandbox.KernelStatus) bool {
-	var after map[int][]int
-	if e.o.Runtime == RuntimeRunsc {
-		var err error
-		after, err = e.sandboxSessions(c)
-		if err != nil || before == nil {
-			// The host cannot look for itself: not knowing retires the
-			// container.
-			e.log.Warn().Err(err).Str("container", shortID(c.dockerID)).Msg("sandbox_sessions_unknown")
-			return true
-		}
-	} else {
-		if before == nil {
-			return false // cannot tell (no cgroup v1 pids controller visible)
-		}
-		after = e.sessions(c)
-	}
-	started := kernel != nil && kernel.Started && kernel.Ended == ""
-	stray, sid := agent.Strays(before, after, c.kernelSID, started)
-	c.kernelSID = sid
-	if stray {
-		e.log.Info().Str("container", shortID(c.dockerID)).Int("sessions_before", len(before)).Msg("sandbox_strays_found")
-		return true
-	}
-	if e.o.Runtime == RuntimeRunsc {
-		c.sessions = after
-	}
-	return false
 }
 
 // WorkspaceOwner is the option that gives what the broker writes into the

@@ -136,6 +136,17 @@ func validateText(field, s string, maxRunes int, multiline bool) error {
 	return nil
 }
 
+// CheckTarget refuses, with no request made, a repository outside the
+// allow-list or a branch a commit to it may not go to (execute_task checks
+// its commit target before the task starts).
+func (m *Manager) CheckTarget(repoID, branch string) error {
+	rs, err := m.repo(repoID)
+	if err != nil {
+		return err
+	}
+	return rs.cfg.checkWriteBranch(branch)
+}
+
 // validateCommit checks everything about a commit that needs no network.
 func (m *Manager) validateCommit(req CommitRequest) (*repoState, []string, error) {
 	rs, err := m.repo(req.RepoID)

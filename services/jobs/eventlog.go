@@ -26,6 +26,13 @@ const (
 	EventTimeout   = "timeout"
 	EventError     = "error"
 	EventCancelled = "cancelled"
+	// A coding agent's task (execute_task) turns the agent's stream into
+	// these instead of stdout events.
+	EventAssistant  = "assistant"   // Data: the agent's text
+	EventToolUse    = "tool_use"    // Tool: the tool it called; Data: the input (JSON)
+	EventToolResult = "tool_result" // Data: what the tool returned; IsError when it failed
+	EventResult     = "result"      // Data: the agent's final answer
+	EventTask       = "task"        // Detail: the task's outcome, just before the closing event
 	// EventEgressDenied: the job's network proxy refused a request (the
 	// first time for each host, port and rule).
 	EventEgressDenied = "egress_denied"
@@ -43,9 +50,13 @@ type Event struct {
 	DurationMS     *int64 `json:"duration_ms,omitempty"`
 	TimeoutSeconds int    `json:"timeout_seconds,omitempty"`
 	Message        string `json:"message,omitempty"`
-	Host           string `json:"host,omitempty"` // egress_denied
-	Port           int    `json:"port,omitempty"`
-	Rule           string `json:"rule,omitempty"`
+	Tool           string `json:"tool,omitempty"`
+	IsError        bool   `json:"is_error,omitempty"`
+	// Detail is a structured payload (the task event's outcome).
+	Detail json.RawMessage `json:"detail,omitempty"`
+	Host   string          `json:"host,omitempty"` // egress_denied
+	Port   int             `json:"port,omitempty"`
+	Rule   string          `json:"rule,omitempty"`
 }
 
 // eventLog is a job's bounded on-disk log: JSON lines in at most two

@@ -265,9 +265,20 @@ type StartRequest struct {
 	// OnEnd runs once the job has ended and its status is stored (unpin
 	// the session, bill the time).
 	OnEnd func(sandbox.JobExit)
+	// Stdout, when set, turns the job's stdout into events (a coding
+	// agent's JSON stream); it is called serially. Stderr stays raw.
+	Stdout func(data []byte) []Event
+	// Final, when set, runs once a started job has ended, before its
+	// closing event; the events it returns are logged first (a task's
+	// outcome). cancelled says cancel_execution ended it.
+	Final func(x sandbox.JobExit, cancelled bool) []Event
+	// ID, when set, is the execution's ID (from NewID), for a caller that
+	// must name the job before it starts; "" assigns one.
+	ID string
 }
 
-func newID() string {
+// NewID returns a new execution ID.
+func NewID() string {
 	var b [16]byte
 	_, _ = rand.Read(b[:])
 	return "exec_" + hex.EncodeToString(b[:])
@@ -300,7 +311,13 @@ func (m *Manager) Start(ctx context.Context, req StartRequest) (string, error) {
 		m.mu.Unlock()
 		return refuse(limitError("this session runs its maximum of %d concurrent executions; wait for one to finish or cancel one", m.o.MaxPerSession))
 	}
-	id := newID()
+	id := req.ID
+	if id == "" {
+		id = NewID()
+	} else if !IDPattern.MatchString(id) || m.live[id] != nil {
+		m.mu.Unlock()
+		return refuse(brokererr.New(brokererr.InternalError, "invalid execution id"))
+	}
 	j := &job{id: id, principal: req.Principal, sessionKey: req.SessionKey, interactive: req.Spec.Interactive,
 		timeout: req.Spec.Timeout, done: make(chan struct{})}
 	m.live[id] = j
@@ -328,13 +345,14 @@ func (m *Manager) Start(ctx context.Context, req StartRequest) (string, error) {
 	spec := req.Spec
 	spec.ID = id
 	sink := func(stream string, data []byte) {
-		typ := EventStdout
-		if stream == sandbox.StreamStderr {
-			typ = EventStderr
+		evs := []Event{{Type: EventStdout, Data: toText(data)}}
+		switch {
+		case stream == sandbox.StreamStderr:
+			evs[0].Type = EventStderr
+		case req.Stdout != nil:
+			evs = req.Stdout(data)
 		}
-		if _, err := j.log.append(Event{Type: typ, Data: toText(data)}, m.o.Now()); err != nil {
-			m.o.Log.Warn().Str("execution_id", id).Msg("job_log_append_failed")
-		}
+		m.appendAll(j, evs)
 	}
 	// Ready goes first so a reader sees the job before any output.
 	if _, err := j.log.append(Event{Type: EventReady, TimeoutSeconds: int(spec.Timeout / time.Second)}, now); err != nil {
@@ -367,9 +385,27 @@ func (m *Manager) Start(ctx context.Context, req StartRequest) (string, error) {
 	go func() {
 		defer m.wg.Done()
 		<-h.Done()
-		m.finish(j, h.Exit(), req.OnEnd)
+		x := h.Exit()
+		if req.Final != nil {
+			j.mu.Lock()
+			cancelled := j.cancelled
+			j.mu.Unlock()
+			m.appendAll(j, req.Final(x, cancelled))
+		}
+		m.finish(j, x, req.OnEnd)
 	}()
 	return id, nil
+}
+
+// appendAll logs evs in order.
+func (m *Manager) appendAll(j *job, evs []Event) {
+	for _, ev := range evs {
+		ev.Data = toText([]byte(ev.Data))
+		if _, err := j.log.append(ev, m.o.Now()); err != nil {
+			m.o.Log.Warn().Str("execution_id", j.id).Msg("job_log_append_failed")
+			return
+		}
+	}
 }
 
 // toText keeps output as valid UTF-8 text.

@@ -283,6 +283,14 @@ func (m *Manager) attach(ctx context.Context, principal, wid string) (*live, err
 	return l, nil
 }
 
+// Active counts the sessions with a live sandbox (attached and not yet
+// released as idle), for the active-sessions gauge.
+func (m *Manager) Active() int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return len(m.live)
+}
+
 func (m *Manager) touch(wid string) {
 	now := m.o.Now()
 	m.mu.Lock()
