@@ -9,6 +9,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/watch"
 
 	"github.com/sandbox-broker/sandbox-broker/services/brokererr"
@@ -24,14 +25,9 @@ var (
 	sandboxGVR = schema.GroupVersionResource{Group: "agents.x-k8s.io", Version: "v1beta1", Resource: "sandboxes"}
 )
 
-const (
-	// claimUIDLabel is set by the claim controller on the pod it hands a
-	// claim; the broker checks it names its claim.
-	claimUIDLabel = "agents.x-k8s.io/claim-uid"
-	// podNameAnnotation on a Sandbox names its pod when that is not the
-	// Sandbox's own name.
-	podNameAnnotation = "agents.x-k8s.io/pod-name"
-)
+// podNameAnnotation on a Sandbox names its pod when that is not the
+// Sandbox's own name.
+const podNameAnnotation = "agents.x-k8s.io/pod-name"
 
 // findWarmPools returns, when the agent-sandbox CRDs are installed, the
 // languages that have a SandboxWarmPool named WarmPoolPrefix+language
@@ -65,6 +61,10 @@ func (b *Backend) findWarmPools(ctx context.Context) (map[string]string, error) 
 // claimPod claims a pod from pool through a SandboxClaim, waits until the
 // claim is bound and enrols the pod's agent. On failure the claim is
 // deleted (and its Sandbox with it).
+// The labels go on the claim only: the claim controller refuses
+// additionalPodMetadata labels outside its allow-list of domains (by
+// default only sandbox.users.io); the pod is known by the chain of
+// controller references from the claim.
 func (b *Backend) claimPod(ctx context.Context, workspaceID, lang, pool string) (*pod, error) {
 	name := "sbx-" + sandbox.NewID()
 	labels := b.podLabels(workspaceID, lang)
@@ -80,7 +80,6 @@ func (b *Backend) claimPod(ctx context.Context, workspaceID, lang, pool string) 
 				"shutdownTime":   time.Now().Add(b.o.MaxAge).UTC().Format(time.RFC3339),
 				"shutdownPolicy": "Delete",
 			},
-			"additionalPodMetadata": map[string]any{"labels": toAny(labels)},
 		},
 	}}
 	api := b.dyn.Resource(claimGVR).Namespace(b.o.Namespace)
@@ -104,7 +103,7 @@ func (b *Backend) claimPod(ctx context.Context, workspaceID, lang, pool string) 
 }
 
 // boundPod waits for the claim to be Ready with its Sandbox, finds the
-// Sandbox's pod, checks it carries the claim's UID and enrols its agent.
+// Sandbox's pod, checks the claim owns both and enrols its agent.
 func (b *Backend) boundPod(ctx context.Context, claim *unstructured.Unstructured, lang string) (*pod, error) {
 	api := b.dyn.Resource(claimGVR).Namespace(b.o.Namespace)
 	cur := claim
@@ -148,8 +147,12 @@ func (b *Backend) boundPod(ctx context.Context, claim *unstructured.Unstructured
 	if err != nil {
 		return nil, apiError(err, "cannot read the claimed sandbox's pod")
 	}
-	if obj.Labels[claimUIDLabel] != string(claim.GetUID()) {
-		return nil, brokererr.New(brokererr.Unavailable, "the claimed sandbox's pod is not labelled with the claim").NotRetryable()
+	// The claim owns the Sandbox (a warm one's controller reference moves
+	// to the claim on adoption) and the Sandbox the pod: refuse anything
+	// else. (The claim-uid label is not on an adopted pod: the Sandbox
+	// controller does not copy its reserved labels to a running pod.)
+	if !controlledBy(sb, claim.GetUID()) || !controlledBy(obj, sb.GetUID()) {
+		return nil, brokererr.New(brokererr.Unavailable, "the claimed sandbox's pod does not belong to the claim").NotRetryable()
 	}
 	return b.readyPod(ctx, obj, lang)
 }
@@ -199,4 +202,10 @@ func toAny(m map[string]string) map[string]any {
 		out[k] = v
 	}
 	return out
+}
+
+// controlledBy reports whether obj's controller reference is uid.
+func controlledBy(obj metav1.Object, uid types.UID) bool {
+	ref := metav1.GetControllerOfNoCopy(obj)
+	return ref != nil && ref.UID == uid
 }

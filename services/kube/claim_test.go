@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -38,7 +39,7 @@ func needAgentSandbox(t *testing.T, c *testCluster) dynamic.Interface {
 
 // With agent-sandbox installed and a warm pool for the language, a session
 // claims its pod through a SandboxClaim: the pool's pod, hardened the
-// same, labelled with the claim, enrolled like any other; releasing the
+// same, owned through its Sandbox by the claim, enrolled like any other; releasing the
 // session deletes the claim and so the pod.
 func TestWarmPoolClaim(t *testing.T) {
 	c := needCluster(t)
@@ -55,6 +56,10 @@ func TestWarmPoolClaim(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// A broker runs before the pool is made: the pool's pods read the CA it
+	// publishes (a pod made before that waits, and one made under another CA
+	// could never enrol).
+	newBackend(t, c, o)
 	template := &unstructured.Unstructured{Object: map[string]any{
 		"apiVersion": templateGVR.GroupVersion().String(), "kind": "SandboxTemplate",
 		"metadata": map[string]any{"name": pool},
@@ -119,18 +124,35 @@ func TestWarmPoolClaim(t *testing.T) {
 		t.Errorf("claim labels %v", claim.GetLabels())
 	}
 	obj := sessionPod(t, c, s, "bash")
-	if obj.Labels[claimUIDLabel] != string(claim.GetUID()) || obj.Labels[LabelSession] != sessionLabel(s.ref.WorkspaceID) {
-		t.Errorf("claimed pod labels %v", obj.Labels)
+	if ref := metav1.GetControllerOf(obj); ref == nil || ref.Kind != "Sandbox" || obj.Labels[LabelRole] != RoleSandbox {
+		t.Errorf("claimed pod: owner %v, labels %v", ref, obj.Labels)
 	}
 	if err := s.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
-	waitNoPods(t, c, LabelSession+"="+sessionLabel(s.ref.WorkspaceID))
+	waitPodGone(t, c, obj.Name)
 	if _, err := dyn.Resource(claimGVR).Namespace(c.ns).Get(ctx, p.claim, metav1.GetOptions{}); err == nil {
 		t.Errorf("the claim %s outlived Release", p.claim)
 	}
 	// The files stay with the session; the next run claims another pod.
 	if res := run(t, s, "bash", `cat c.txt`); string(res.Stdout) != "claimed\n" {
 		t.Fatalf("after Release: %q", res.Stdout)
+	}
+}
+
+// waitPodGone waits until the pod name no longer exists.
+func waitPodGone(t *testing.T, c *testCluster, name string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	for {
+		_, err := c.cs.CoreV1().Pods(c.ns).Get(ctx, name, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			return
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("the claimed pod %s outlived Release: %v", name, err)
+		}
+		time.Sleep(200 * time.Millisecond)
 	}
 }

@@ -88,7 +88,7 @@ func (b *Backend) sweep(ctx context.Context) {
 		return
 	}
 	for _, p := range pods.Items {
-		if live[p.Labels[LabelInstance]] || p.Labels[claimUIDLabel] != "" {
+		if live[p.Labels[LabelInstance]] {
 			continue
 		}
 		b.deletePod(ctx, p.Name, p.UID)
@@ -141,9 +141,7 @@ func (b *Backend) retire() {
 	sel := metav1.ListOptions{LabelSelector: LabelManagedBy + "=" + ManagedBy + "," + LabelInstance + "=" + b.o.InstanceID}
 	if pods, err := b.cs.CoreV1().Pods(b.o.Namespace).List(ctx, sel); err == nil {
 		for _, p := range pods.Items {
-			if p.Labels[claimUIDLabel] == "" {
-				b.deletePod(ctx, p.Name, p.UID)
-			}
+			b.deletePod(ctx, p.Name, p.UID)
 		}
 	}
 	if b.pools != nil {

@@ -53,4 +53,5 @@ runAsNonRoot: true
 runAsUser: {{ .Values.sandbox.uid }}
 runAsGroup: {{ .Values.sandbox.uid }}
 capabilities: {drop: [ALL]}
+procMount: Default
 {{- end -}}
