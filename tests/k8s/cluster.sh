@@ -212,7 +212,7 @@ cmd_down() {
       done
     done
     for c in $($ipt -t nat -S 2>/dev/null | awk '$1=="-N" && $2 ~ /^CNI-/ {print $2}'); do
-      $ipt -t nat -S POSTROUTING | grep -- "-j $c" | sed 's/^-A/-D/' | while read -r rule; do $ipt -t nat $rule 2>/dev/null || true; done
+      $ipt -t nat -S POSTROUTING | grep -- "-j $c" | sed 's/^-A/-D/' | while read -r rule; do eval "$ipt -t nat $rule" 2>/dev/null || true; done # -S quotes the comment
       $ipt -t nat -F "$c" 2>/dev/null || true; $ipt -t nat -X "$c" 2>/dev/null || true
     done
   done
