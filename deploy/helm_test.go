@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"slices"
+	"strings"
 	"testing"
 
 	appsv1 "k8s.io/api/apps/v1"
@@ -15,6 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/yaml"
 	sigsyaml "sigs.k8s.io/yaml"
 
+	"github.com/sandbox-broker/sandbox-broker/config"
 	"github.com/sandbox-broker/sandbox-broker/services/kube"
 	"github.com/sandbox-broker/sandbox-broker/services/workspace"
 )
@@ -111,6 +113,20 @@ func TestHelmChart(t *testing.T) {
 	}
 	if env["SANDBOX_BACKEND"] != "kubernetes" || env["SANDBOX_K8S_NAMESPACE"] != "sandboxes" || env["SANDBOX_K8S_BROKER_NAMESPACE"] != "brokers" {
 		t.Errorf("broker env %v", env)
+	}
+	// The broker's DNS-rebinding guard must let in its Service's name and the
+	// kubelet's probes (which would send the pod IP as Host).
+	cfg := config.Defaults()
+	cfg.AllowedHosts = strings.Split(env["MCP_ALLOWED_HOSTS"], ",")
+	hosts := cfg.BrokerHosts()
+	if !hosts["rel-sandbox-broker.brokers.svc.cluster.local"] || !hosts["rel-sandbox-broker"] {
+		t.Errorf("MCP_ALLOWED_HOSTS %q leaves out the Service", env["MCP_ALLOWED_HOSTS"])
+	}
+	broker := dep.Spec.Template.Spec.Containers[0]
+	for _, p := range []*corev1.Probe{broker.ReadinessProbe, broker.LivenessProbe} {
+		if p == nil || p.HTTPGet == nil || len(p.HTTPGet.HTTPHeaders) != 1 || p.HTTPGet.HTTPHeaders[0].Name != "Host" || !hosts[p.HTTPGet.HTTPHeaders[0].Value] {
+			t.Errorf("probe %+v: its Host is refused by the broker", p)
+		}
 	}
 	sc := dep.Spec.Template.Spec.Containers[0].SecurityContext
 	if sc == nil || *sc.AllowPrivilegeEscalation || !*sc.ReadOnlyRootFilesystem || sc.Capabilities.Drop[0] != "ALL" {

@@ -36,6 +36,7 @@ CTR="ctr -a $SOCK -n k8s.io"
 HELM_VERSION=v3.22.0
 # kubectl and the kubeconfig: this cluster's, unless KUBECONFIG names another (agent-sandbox on kind).
 KC="$( [ -x "$B/kubectl" ] && echo "$B/kubectl" || echo kubectl) --kubeconfig ${KUBECONFIG:-$K/kubeconfig}"
+FWD="-i k8sci0 -o k8sci0 -m comment --comment sandbox-broker-k8s -j ACCEPT"
 COMPONENTS="kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl"
 
 log() { printf '[k8s] %s\n' "$*" >&2; }
@@ -47,8 +48,16 @@ node_ip() {
 have_binaries() { local n; for n in $COMPONENTS; do [ -x "$B/$n" ] || return 1; done; }
 
 cmd_build() {
-  local stamp want n start
-  want=$(cat "$HERE/build/go.mod" "$HERE/build/go.sum" | sha256sum | cut -d' ' -f1)
+  local stamp want n start ver ldflags pkg
+  # The version the binaries report (kubectl version, discovery, helm's kubeVersion check): the
+  # release's, as its own build stamps it, not the source tree's placeholder v0.0.0-master.
+  ver=$(awk '$1=="require" && $2=="k8s.io/kubernetes" {print $3}' "$HERE/build/go.mod")
+  ldflags="-s -w"
+  for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+    ldflags+=" -X $pkg.gitVersion=$ver -X $pkg.gitMajor=$(echo "${ver#v}" | cut -d. -f1)"
+    ldflags+=" -X $pkg.gitMinor=$(echo "$ver" | cut -d. -f2) -X $pkg.gitTreeState=clean"
+  done
+  want=$( (cat "$HERE/build/go.mod" "$HERE/build/go.sum"; echo "$ldflags") | sha256sum | cut -d' ' -f1)
   stamp=$(cat "$B/.stamp" 2>/dev/null || true)
   if [ "$stamp" = "$want" ] && have_binaries; then
     log "binaries cached in $B"; return 0
@@ -58,7 +67,7 @@ cmd_build() {
   for n in $COMPONENTS; do
     start=$(date +%s)
     (cd "$K/build" && GOMODCACHE=$K/gomod GOCACHE=$K/gocache GOFLAGS=-mod=mod CGO_ENABLED=0 \
-      nice -n 10 go build -trimpath -ldflags='-s -w' -o "$B/$n" "k8s.io/kubernetes/cmd/$n")
+      nice -n 10 go build -trimpath -ldflags="$ldflags" -o "$B/$n" "k8s.io/kubernetes/cmd/$n")
     log "built $n in $(( $(date +%s) - start ))s"
   done
   echo "$want" > "$B/.stamp"
@@ -135,6 +144,9 @@ cmd_up() {
   sed "s#@K8S_DIR@#$K#g" "$HERE/etc/10-bridge.conflist" > "$K/cni/net.d/10-bridge.conflist"
   certs "$ip"
 
+  # Docker sets the FORWARD policy to DROP and br_netfilter sends bridged frames through it: let
+  # pods on the node's bridge reach each other (the broker's pod its sandboxes), nothing more.
+  iptables -C FORWARD $FWD 2>/dev/null || iptables -I FORWARD $FWD
   running containerd || start containerd containerd --config "$K/etc/containerd.toml"
   wait_for containerd "ctr -a $SOCK version"
   if ! $CTR images ls -q | grep -qx 'localhost/pause:ci'; then
@@ -198,6 +210,7 @@ cmd_down() {
   fi
   stop containerd
   grep -E " $K/(kubelet|containerd)" /proc/mounts | awk '{print $2}' | sort -r | xargs -r -n1 umount -l 2>/dev/null || true
+  while iptables -D FORWARD $FWD 2>/dev/null; do :; done
   ip link del k8sci0 2>/dev/null || true
   for h in /sys/fs/cgroup/*/kubepods /sys/fs/cgroup/kubepods; do
     [ -d "$h" ] && find "$h" -depth -type d -exec rmdir {} \; 2>/dev/null || true

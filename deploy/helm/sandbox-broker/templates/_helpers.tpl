@@ -55,3 +55,10 @@ runAsGroup: {{ .Values.sandbox.uid }}
 capabilities: {drop: [ALL]}
 procMount: Default
 {{- end -}}
+
+{{- define "sandbox-broker.hosts" -}}
+{{- $svc := include "sandbox-broker.fullname" . -}}
+{{- $ns := .Release.Namespace -}}
+{{- $hosts := list $svc (printf "%s.%s" $svc $ns) (printf "%s.%s.svc" $svc $ns) (printf "%s.%s.svc.cluster.local" $svc $ns) -}}
+{{- concat $hosts .Values.broker.allowedHosts | join "," -}}
+{{- end -}}
