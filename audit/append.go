@@ -9,86 +9,196 @@ import (
 	"golang.org/x/mod/sumdb/tlog"
 )
 
-// Append writes r as the next row in its own transaction and returns its
-// seq once it is durable. Any error means the row must be treated as not
-// written and the caller should refuse the action. If the row was written
-// but the checkpoint it triggered failed, Append returns the seq and the
-// checkpoint error.
+// Append writes r as the next row and returns its seq. An intent row is
+// durable (fsynced) when Append returns; an outcome row is committed: it
+// is visible to readers and survives the broker's crash at once, and a
+// power loss once the next intent row, the next checkpoint or SyncDelay
+// has synced the log (see syncer). Any error means the row must be
+// treated as not written and the caller should refuse the action. If the
+// row was written but the checkpoint its batch triggered failed, Append
+// returns the seq and the checkpoint error.
+//
+// Concurrent callers' rows are written by one writer goroutine in one
+// transaction, so they share one fsync (group commit).
 func (l *Log) Append(ctx context.Context, r Record) (int64, error) {
 	rec, err := normalise(r)
 	if err != nil {
 		return 0, err
 	}
-	if err := l.lock(ctx); err != nil {
+	if err := ctx.Err(); err != nil {
 		return 0, err
 	}
-	defer l.unlock()
-	if l.closed {
+	p := &pending{ctx: ctx, rec: rec, done: make(chan struct{})}
+	select {
+	case l.queue <- p:
+	case <-l.writerDone:
 		return 0, ErrClosed
+	case <-ctx.Done():
+		return 0, ctx.Err()
 	}
-	// Timestamps never go backwards, so Verify can check order.
-	now := l.opts.Now().UTC()
-	if now.Before(l.lastTS) {
-		now = l.lastTS
+	select {
+	case <-p.done:
+		return p.seq, p.err
+	case <-ctx.Done():
+		// The row may still be written: an intent without its outcome,
+		// as after a crash.
+		return 0, ctx.Err()
 	}
-	ts := now.Format(time.RFC3339Nano)
-	seq := l.lastSeq + 1
-	body, err := bodyFor(bodyVersion, seq, ts, l.opts.Keys.KeyID, rec)
-	if err != nil {
-		return 0, fmt.Errorf("audit: encode row: %w", err)
-	}
-	b, err := marshalBody(body)
-	if err != nil {
-		return 0, fmt.Errorf("audit: encode row: %w", err)
-	}
-	leaf := leafHash(b)
-	mac := computeMAC(l.opts.Keys.HMACKey, seq, l.lastMAC, leaf)
-	if err := l.insert(ctx, seq, ts, rec, leaf, mac); err != nil {
-		// Resynchronise in case the commit outcome is unknown; the chain
-		// trigger rejects anything that does not follow the stored tail.
-		if rerr := l.loadState(context.WithoutCancel(ctx)); rerr != nil {
-			err = errors.Join(err, rerr)
-		}
-		return 0, err
-	}
-	l.lastSeq, l.lastMAC, l.lastTS = seq, mac, now
-	if seq-l.cpSize >= int64(l.opts.CheckpointEvery) {
-		if err := l.checkpointLocked(ctx); err != nil {
-			return seq, err
-		}
-	}
-	return seq, nil
 }
 
-func (l *Log) insert(ctx context.Context, seq int64, ts string, r Record, leaf tlog.Hash, mac []byte) error {
+// pending is one Append waiting for its batch.
+type pending struct {
+	ctx  context.Context
+	rec  Record
+	done chan struct{} // closed once seq and err are set
+	seq  int64
+	err  error
+}
+
+func (p *pending) finish(seq int64, err error) {
+	p.seq, p.err = seq, err
+	close(p.done)
+}
+
+// row is a pending record with its place in the chain.
+type row struct {
+	p    *pending
+	seq  int64
+	ts   string
+	at   time.Time
+	leaf tlog.Hash
+	mac  []byte
+}
+
+// writeBatch appends batch in one transaction, committed without an
+// fsync (synchronous=NORMAL): its outcome rows' callers return at once,
+// its intent rows' once the syncer has fsynced the WAL, while the writer
+// goes on with the next batch. A batch that reaches CheckpointEvery waits
+// for the checkpoint (which syncs first). Caller holds sem.
+func (l *Log) writeBatch(batch []*pending) {
+	var live []*pending
+	for _, p := range batch {
+		if err := p.ctx.Err(); err != nil {
+			p.finish(0, err) // its caller gave up before the batch began
+			continue
+		}
+		live = append(live, p)
+	}
+	if len(live) == 0 {
+		return
+	}
+	failed := l.wal.failed() // rows after a failed fsync could be lost with it
+	if l.closed {
+		failed = ErrClosed
+	}
+	if failed != nil {
+		for _, p := range live {
+			p.finish(0, failed)
+		}
+		return
+	}
+	// No deadline: the driver would watch it with a goroutine per
+	// statement, and a deadline cannot cut a write the disk holds up.
+	ctx := context.Background()
+	rows, err := l.chain(live)
+	if err == nil {
+		err = l.insert(ctx, rows)
+	}
+	if err != nil {
+		// Resynchronise in case the commit outcome is unknown; the chain
+		// trigger rejects anything that does not follow the stored tail.
+		if rerr := l.loadState(ctx); rerr != nil {
+			err = errors.Join(err, rerr)
+		}
+		for _, p := range live {
+			p.finish(0, err)
+		}
+		return
+	}
+	l.batches++
+	last := rows[len(rows)-1]
+	l.lastSeq, l.lastMAC, l.lastTS = last.seq, last.mac, last.at
+	if l.lastSeq-l.cpSize >= int64(l.opts.CheckpointEvery) {
+		l.wal.commit(last.seq, nil)
+		err := l.checkpointLocked(ctx) // syncs first
+		for _, r := range rows {
+			r.p.finish(r.seq, err)
+		}
+		return
+	}
+	var intents []row
+	for _, r := range rows {
+		if r.p.rec.Phase == PhaseIntent {
+			intents = append(intents, r)
+		} else {
+			r.p.finish(r.seq, nil)
+		}
+	}
+	l.wal.commit(last.seq, intents)
+}
+
+// chain gives each record its seq, timestamp, leaf and MAC after the
+// current tail.
+func (l *Log) chain(batch []*pending) ([]row, error) {
+	rows := make([]row, len(batch))
+	seq, prev, last := l.lastSeq, l.lastMAC, l.lastTS
+	for i, p := range batch {
+		// Timestamps never go backwards, so Verify can check order.
+		now := l.opts.Now().UTC()
+		if now.Before(last) {
+			now = last
+		}
+		seq++
+		ts := now.Format(time.RFC3339Nano)
+		body, err := bodyFor(bodyVersion, seq, ts, l.opts.Keys.KeyID, p.rec)
+		if err != nil {
+			return nil, fmt.Errorf("audit: encode row: %w", err)
+		}
+		b, err := marshalBody(body)
+		if err != nil {
+			return nil, fmt.Errorf("audit: encode row: %w", err)
+		}
+		leaf := leafHash(b)
+		mac := computeMAC(l.opts.Keys.HMACKey, seq, prev, leaf)
+		rows[i] = row{p: p, seq: seq, ts: ts, at: now, leaf: leaf, mac: mac}
+		prev, last = mac, now
+	}
+	return rows, nil
+}
+
+// insert writes rows and their tree hashes in one transaction with the
+// prepared statements.
+func (l *Log) insert(ctx context.Context, rows []row) error {
 	tx, err := l.db.BeginTx(ctx, nil)
 	if err != nil {
 		return fmt.Errorf("audit: begin: %w", err)
 	}
 	defer tx.Rollback()
-	o := r.Source
-	_, err = tx.ExecContext(ctx, `INSERT INTO audit(seq, ts, call_id, phase, principal, tool, params,
-		outcome, error_code, duration_ms, leaf, prev_mac, mac, kid,
-		body_version, transport, client_addr, user_agent, mcp_session, toolset)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
-		seq, ts, r.CallID, string(r.Phase), r.Principal, r.Tool, string(r.Params),
-		string(r.Outcome), r.ErrorCode, r.DurationMS, leaf[:], l.lastMAC, mac, l.opts.Keys.KeyID,
-		bodyVersion, o.Transport, o.ClientAddr, o.UserAgent, o.MCPSession, o.Toolset)
-	if err != nil {
-		return fmt.Errorf("audit: insert seq %d: %w", seq, err)
-	}
-	hashes, err := tlog.StoredHashesForRecordHash(seq-1, leaf, hashReader{ctx: ctx, q: tx})
-	if err != nil {
-		return fmt.Errorf("audit: tree hashes: %w", err)
-	}
-	base := tlog.StoredHashIndex(0, seq-1)
-	for i, h := range hashes {
-		if _, err := tx.ExecContext(ctx, "INSERT INTO audit_tree(idx, hash) VALUES (?, ?)", base+int64(i), h[:]); err != nil {
-			return fmt.Errorf("audit: insert tree hash: %w", err)
+	ins, tree := tx.StmtContext(ctx, l.stmts.insertRow), tx.StmtContext(ctx, l.stmts.insertHash)
+	hr := hashReader{ctx: ctx, stmt: tx.StmtContext(ctx, l.stmts.readHash)}
+	prev := l.lastMAC
+	for _, w := range rows {
+		r, o := w.p.rec, w.p.rec.Source
+		_, err = ins.ExecContext(ctx, w.seq, w.ts, r.CallID, string(r.Phase), r.Principal, r.Tool, string(r.Params),
+			string(r.Outcome), r.ErrorCode, r.DurationMS, w.leaf[:], prev, w.mac, l.opts.Keys.KeyID,
+			bodyVersion, o.Transport, o.ClientAddr, o.UserAgent, o.MCPSession, o.Toolset)
+		if err != nil {
+			return fmt.Errorf("audit: insert seq %d: %w", w.seq, err)
 		}
+		hashes, err := tlog.StoredHashesForRecordHash(w.seq-1, w.leaf, hr)
+		if err != nil {
+			return fmt.Errorf("audit: tree hashes: %w", err)
+		}
+		base := tlog.StoredHashIndex(0, w.seq-1)
+		for i, h := range hashes {
+			if _, err := tree.ExecContext(ctx, base+int64(i), h[:]); err != nil {
+				return fmt.Errorf("audit: insert tree hash: %w", err)
+			}
+		}
+		prev = w.mac
 	}
 	if err := tx.Commit(); err != nil {
-		return fmt.Errorf("audit: commit seq %d: %w", seq, err)
+		return fmt.Errorf("audit: commit seq %d: %w", rows[len(rows)-1].seq, err)
 	}
 	return nil
 }
@@ -116,7 +226,11 @@ func (l *Log) writeCheckpoint(ctx context.Context) error {
 	if n == l.cpSize {
 		return nil
 	}
-	root, err := tlog.TreeHash(n, hashReader{ctx: ctx, q: l.db})
+	// A checkpoint never claims rows that are not yet durable.
+	if err := l.wal.now(); err != nil {
+		return err
+	}
+	root, err := tlog.TreeHash(n, hashReader{ctx: ctx, stmt: l.stmts.readHash})
 	if err != nil {
 		return fmt.Errorf("audit: tree hash: %w", err)
 	}
@@ -133,7 +247,7 @@ func (l *Log) writeCheckpoint(ctx context.Context) error {
 
 // Ping reports whether the log can still be written: it fails when the log
 // is closed, the database is unreachable, its tail is not the one this Log
-// wrote, or the last checkpoint failed.
+// wrote, the last checkpoint failed, or an fsync of the log failed.
 func (l *Log) Ping(ctx context.Context) error {
 	if err := l.lock(ctx); err != nil {
 		return err
@@ -143,27 +257,30 @@ func (l *Log) Ping(ctx context.Context) error {
 		return ErrClosed
 	}
 	var last int64
-	if err := l.db.QueryRowContext(ctx, "SELECT coalesce(max(seq), 0) FROM audit").Scan(&last); err != nil {
+	if err := l.stmts.lastSeq.QueryRowContext(ctx).Scan(&last); err != nil {
 		return fmt.Errorf("audit: ping: %w", err)
 	}
 	if last != l.lastSeq {
 		return fmt.Errorf("%w: last seq is %d, expected %d", ErrIntegrity, last, l.lastSeq)
 	}
-	return l.cpErr
+	return errors.Join(l.cpErr, l.wal.failed())
 }
 
-// Close writes a final checkpoint, stops the timer and closes the database.
-// Calling it again returns nil.
+// Close writes the rows already handed to the writer, a final checkpoint,
+// stops the timer and closes the database. Calling it again returns nil.
 func (l *Log) Close() error {
 	l.stopOnce.Do(func() { close(l.stop) })
 	<-l.done
+	<-l.writerDone
+	l.wal.close()
 	l.sem <- struct{}{}
 	defer l.unlock()
 	if l.closed {
 		return nil
 	}
 	l.closed = true
-	return errors.Join(l.checkpointLocked(context.Background()), l.db.Close())
+	err := l.checkpointLocked(context.Background())
+	return errors.Join(err, l.stmts.close(), l.db.Close())
 }
 
 // startTimer runs timed checkpoints until Close.

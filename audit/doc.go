@@ -1,6 +1,10 @@
 // Package audit is the broker's tamper-evident, append-only audit log.
 //
-// Rows live in SQLite (WAL, synchronous=FULL, file mode 0600). Triggers
+// Rows live in SQLite (WAL, file mode 0600), written by one writer
+// goroutine that commits concurrent callers' rows together (group commit):
+// an intent row is fsynced before Append returns, an outcome row is
+// committed at once and fsynced with the next intent row, checkpoint or
+// SyncDelay later. Triggers
 // reject UPDATE, DELETE and out-of-chain INSERTs, but they only guard against
 // application bugs: anyone with write access can drop them. Tampering is
 // detected by cryptography instead:

@@ -108,3 +108,24 @@ func BenchmarkAppend(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkAppendParallel is 8 callers appending intent rows at once:
+// group commit gives each batch one fsync.
+func BenchmarkAppendParallel(b *testing.B) {
+	f := newFixture(b)
+	f.opts.CheckpointEvery = 256
+	l := f.open(b)
+	defer l.Close()
+	ctx := context.Background()
+	r := testRecord(0)
+	b.ReportAllocs()
+	b.SetParallelism(4) // 8 callers on 2 cores
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			if _, err := l.Append(ctx, r); err != nil {
+				b.Error(err)
+				return
+			}
+		}
+	})
+}

@@ -29,19 +29,35 @@ type Options struct {
 	Keys               Keys          // needs HMACKey, Signer and Verifier
 	CheckpointEvery    int           // rows between checkpoints; default 256
 	CheckpointInterval time.Duration // default time.Minute; < 0 disables the timer
-	Now                func() time.Time
+	// SyncDelay bounds how long an outcome row committed without an
+	// fsync waits for one when no intent row or checkpoint comes first;
+	// default 100ms.
+	SyncDelay time.Duration
+	Now       func() time.Time
 
-	// Test hooks: replace the ticker and observe each timed checkpoint.
+	// Test hooks: replace the ticker and observe each timed checkpoint,
+	// and each sync SyncDelay after rows no intent row synced.
 	tick     <-chan time.Time
 	tickDone chan<- error
+	syncDone chan<- error
 }
 
 // Log is an open audit log. It is safe for concurrent use.
 type Log struct {
-	db   *sql.DB
-	opts Options
+	db    *sql.DB
+	stmts statements
+	opts  Options
 
-	// sem serialises writers; a channel so waiting honours ctx.
+	// queue hands Appends to the writer goroutine; unbuffered, so a
+	// caller is either taken into a batch or sees writerDone.
+	queue      chan *pending
+	writerDone chan struct{}
+
+	// wal makes committed rows durable (see syncer).
+	wal *syncer
+
+	// sem serialises the writer, checkpoints and Close; a channel so
+	// waiting honours ctx.
 	sem chan struct{}
 	// Guarded by sem.
 	closed  bool
@@ -50,6 +66,7 @@ type Log struct {
 	lastTS  time.Time
 	cpSize  int64
 	cpErr   error // last checkpoint failure, surfaced by Ping
+	batches int64 // transactions committed
 
 	stopOnce sync.Once
 	stop     chan struct{}
@@ -78,6 +95,9 @@ func Open(ctx context.Context, opts Options) (*Log, error) {
 	if opts.CheckpointInterval == 0 {
 		opts.CheckpointInterval = time.Minute
 	}
+	if opts.SyncDelay <= 0 {
+		opts.SyncDelay = 100 * time.Millisecond
+	}
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
@@ -94,19 +114,28 @@ func Open(ctx context.Context, opts Options) (*Log, error) {
 	if err != nil {
 		return nil, err
 	}
-	l := &Log{db: db, opts: opts, sem: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
-	if err := l.loadState(ctx); err != nil {
+	stmts, err := prepare(ctx, db)
+	if err != nil {
 		db.Close()
 		return nil, err
 	}
+	l := &Log{db: db, stmts: stmts, opts: opts, queue: make(chan *pending), writerDone: make(chan struct{}),
+		sem: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
+	fail := func(err error) (*Log, error) {
+		return nil, errors.Join(err, stmts.close(), db.Close())
+	}
+	if err := l.loadState(ctx); err != nil {
+		return fail(err)
+	}
 	if len(cps) > 0 {
 		if err := l.checkAgainst(ctx, cps[len(cps)-1]); err != nil {
-			db.Close()
-			return nil, err
+			return fail(err)
 		}
 		l.cpSize = cps[len(cps)-1].Size
 	}
+	l.wal = startSyncer(opts.Path+"-wal", l.lastSeq, opts.SyncDelay, opts.syncDone)
 	l.startTimer()
+	l.startWriter()
 	return l, nil
 }
 
@@ -163,7 +192,7 @@ func (l *Log) loadState(ctx context.Context) error {
 	}
 	// The stored tree must end with this row's leaf, or checkpoints signed
 	// from it would not cover what the table holds.
-	h, err := hashReader{ctx: ctx, q: l.db}.ReadHashes([]int64{tlog.StoredHashIndex(0, last.Seq-1)})
+	h, err := hashReader{ctx: ctx, stmt: l.stmts.readHash}.ReadHashes([]int64{tlog.StoredHashIndex(0, last.Seq-1)})
 	if err != nil {
 		return fmt.Errorf("audit: read tree: %w", err)
 	}
@@ -192,7 +221,7 @@ func (l *Log) checkAgainst(ctx context.Context, cp checkpoint) error {
 	if cp.Size == 0 {
 		return nil
 	}
-	root, err := tlog.TreeHash(cp.Size, hashReader{ctx: ctx, q: l.db})
+	root, err := tlog.TreeHash(cp.Size, hashReader{ctx: ctx, stmt: l.stmts.readHash})
 	if err != nil {
 		return fmt.Errorf("audit: tree hash: %w", err)
 	}
@@ -207,17 +236,18 @@ type querier interface {
 	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
 }
 
-// hashReader reads stored tree hashes for tlog.
+// hashReader reads stored tree hashes for tlog with the prepared
+// readHash statement (of the writer's connection or transaction).
 type hashReader struct {
-	ctx context.Context
-	q   querier
+	ctx  context.Context
+	stmt *sql.Stmt
 }
 
 func (r hashReader) ReadHashes(indexes []int64) ([]tlog.Hash, error) {
 	out := make([]tlog.Hash, len(indexes))
 	for i, idx := range indexes {
 		var b []byte
-		if err := r.q.QueryRowContext(r.ctx, "SELECT hash FROM audit_tree WHERE idx = ?", idx).Scan(&b); err != nil {
+		if err := r.stmt.QueryRowContext(r.ctx, idx).Scan(&b); err != nil {
 			return nil, fmt.Errorf("stored hash %d: %w", idx, err)
 		}
 		if len(b) != tlog.HashSize {

@@ -54,8 +54,13 @@ type Config struct {
 	UnauthPerAddr int `env:"MCP_MAX_UNAUTH_CONNS_PER_ADDR" validate:"min=1,max=1000000,ltefield=MaxConns"`
 	BodyTimeoutS  int `env:"MCP_BODY_TIMEOUT_S" validate:"min=1,max=3600"`
 	// Sandbox engine.
-	// Backend "auto" picks docker when its daemon answers, else process.
-	Backend        string `env:"SANDBOX_BACKEND" validate:"oneof=auto docker process kubernetes none"`
+	// Backend "auto" picks docker when its daemon answers, else process;
+	// "codesandbox" runs sessions in hosted VMs (CSB_API_KEY,
+	// CSB_RUNNER_TEMPLATE), falling back to docker per call when
+	// SANDBOX_FALLBACK=docker and CodeSandbox cannot be reached;
+	// "kubernetes" runs them as pods (SANDBOX_K8S_*).
+	Backend        string `env:"SANDBOX_BACKEND" validate:"oneof=auto docker process codesandbox kubernetes none"`
+	Fallback       string `env:"SANDBOX_FALLBACK" validate:"oneof=none docker"`
 	Runtime        string `env:"SANDBOX_RUNTIME" validate:"omitempty,oneof=runc runsc"`
 	RootOverlay    string `env:"SANDBOX_ROOT_OVERLAY" validate:"oneof=auto off"` // see services/rootfs
 	TimeoutS       int    `env:"SANDBOX_TIMEOUT" validate:"min=1,max=3600"`
@@ -109,6 +114,12 @@ type Config struct {
 	// {"react": {"id": "…", "port": 5173}, …}; unset ones fork the
 	// universal image.
 	CSBTemplates string `env:"CSB_TEMPLATES" validate:"omitempty,max=4096,json"`
+	// Hosted sessions (SANDBOX_BACKEND=codesandbox): the runner template
+	// every session VM forks, its tier, and whether commands in it keep
+	// the VM's network.
+	CSBRunnerTemplate string `env:"CSB_RUNNER_TEMPLATE" validate:"omitempty,max=128,printascii"`
+	CSBVMTier         string `env:"CSB_VM_TIER" validate:"oneof=Pico Nano Micro Small Medium Large XLarge"`
+	CSBVMNetwork      string `env:"CSB_VM_NETWORK" validate:"oneof=deny allow"`
 	// Previews of local projects: their own listener and origin (see
 	// preview.go); the build_output wait before a build continues as an
 	// execution.
@@ -164,6 +175,9 @@ func Defaults() Config {
 		UnauthPerAddr:   64,
 		BodyTimeoutS:    60,
 		Backend:         "auto",
+		Fallback:        "none",
+		CSBVMTier:       "Pico",
+		CSBVMNetwork:    "deny",
 		RootOverlay:     "auto",
 		TimeoutS:        60,
 		MaxTimeoutS:     600,

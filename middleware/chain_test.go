@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -520,6 +521,23 @@ func TestChainAuditFailClosed(t *testing.T) {
 	}
 	if strings.Contains(body["message"].(string), "closed") {
 		t.Errorf("message leaks the cause: %q", body["message"])
+	}
+}
+
+// TestChainAuditSyncFailClosed: an intent row the audit writer committed
+// but could not fsync refuses the call; the handler never runs.
+func TestChainAuditSyncFailClosed(t *testing.T) {
+	hx := newHarness(t, harnessOpts{})
+	if res := hx.call(alice(), `{"path":"a"}`); res.IsError {
+		t.Fatalf("first call refused: %v", res.StructuredContent)
+	}
+	ran := hx.calls.Load()
+	if err := os.Remove(hx.auditPath + "-wal"); err != nil {
+		t.Fatal(err)
+	}
+	errBody(t, hx.call(alice(), `{"path":"a"}`), brokererr.Unavailable)
+	if hx.calls.Load() != ran {
+		t.Fatal("handler ran although the intent row could not be made durable")
 	}
 }
 

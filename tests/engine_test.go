@@ -661,14 +661,19 @@ print(live)
 // (so it looks like a zombie) while another thread runs on must not outlive
 // the run. The agent's sweep skips zombies, so this is the broker's
 // host-side check at work: it sees the live thread in a new session and
-// replaces the container.
+// replaces the container. Both as a session's first run and after a clean
+// one (whose check the next run's "before" reuses).
 func TestZombieLeaderThreadsDoNotSurvive(t *testing.T) {
-	forRuntimes(t, testZombieLeaderThreadsDoNotSurvive)
+	forRuntimes(t, func(t *testing.T, rt string) {
+		b := engineBroker(t, map[string]string{"SANDBOX_RUNTIME": rt})
+		c := b.Client(t, testToken)
+		testZombieLeaderThreadsDoNotSurvive(t, c, "")
+		r, _ := run(t, c, map[string]any{"language": "python", "code": "print(1)"})
+		testZombieLeaderThreadsDoNotSurvive(t, c, r.SessionID)
+	})
 }
 
-func testZombieLeaderThreadsDoNotSurvive(t *testing.T, rt string) {
-	b := engineBroker(t, map[string]string{"SANDBOX_RUNTIME": rt})
-	c := b.Client(t, testToken)
+func testZombieLeaderThreadsDoNotSurvive(t *testing.T, c *client.Client, session string) {
 	spawn := `
 import ctypes, os, threading, time
 libc = ctypes.CDLL(None)
@@ -680,12 +685,16 @@ if os.fork() == 0:
 time.sleep(0.3)
 print("spawned")
 `
-	r, _ := run(t, c, map[string]any{"language": "python", "code": spawn})
+	args := map[string]any{"language": "python", "code": spawn}
+	if session != "" {
+		args["session_id"] = session
+	}
+	r, _ := run(t, c, args)
 	if strings.TrimSpace(r.Stdout) != "spawned" {
 		t.Fatalf("spawn: %+v", r)
 	}
 	r2, _ := run(t, c, map[string]any{"session_id": r.SessionID, "language": "python", "code": zombieLeaderProbe})
 	if strings.TrimSpace(r2.Stdout) != "0" {
-		t.Fatalf("threads of a zombie leader survived the run: %+v", r2)
+		t.Fatalf("threads of a zombie leader survived the run (session %q): %+v", session, r2)
 	}
 }

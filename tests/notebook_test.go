@@ -322,8 +322,13 @@ func TestNotebookCallsInOneSessionAreSerialized(t *testing.T) {
 func TestNotebookZombieLeaderThreadsDoNotSurvive(t *testing.T) {
 	backendsAndGVisor(t, nil, func(t *testing.T, backend string, b *Broker, c *client.Client) {
 		requireHostPlotting(t, backend)
-		for _, setsid := range []string{"", "os.setsid()"} {
-			r, _ := cell(t, c, "", `
+		for i, setsid := range []string{"", "os.setsid()", "", "os.setsid()"} {
+			session := ""
+			if i >= 2 { // a clean cell first: the next cell's check starts from its
+				r, _ := cell(t, c, "", "1", nil)
+				session = r.SessionID
+			}
+			r, _ := cell(t, c, session, `
 import ctypes, os, threading, time
 libc = ctypes.CDLL(None)
 if os.fork() == 0:
@@ -338,7 +343,7 @@ print("spawned")`, nil)
 			}
 			r2, _ := run(t, c, map[string]any{"session_id": r.SessionID, "language": "python", "code": zombieLeaderProbe})
 			if strings.TrimSpace(r2.Stdout) != "0" {
-				t.Fatalf("%q: threads of a zombie leader survived the cell: %+v", setsid, r2)
+				t.Fatalf("%q (session %q): threads of a zombie leader survived the cell: %+v", setsid, session, r2)
 			}
 		}
 	})

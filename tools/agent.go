@@ -246,7 +246,7 @@ func (t *Tasks) start(ctx context.Context, p identity.Principal, a *ExecuteTaskA
 	var refusal atomic.Pointer[brokererr.Error]
 	reader := agenttask.NewReader(pl.agent)
 	begun := time.Now()
-	return t.Jobs.launch(ctx, p, a.SessionID, pl.timeout, func(lease *sessions.Lease) (jobs.StartRequest, error) {
+	execID, sessID, _, err := t.Jobs.launch(ctx, p, a.SessionID, pl.timeout, func(lease *sessions.Lease) (jobs.StartRequest, error) {
 		for path, data := range pl.files {
 			if err := lease.Session.WriteFile(ctx, path, data, true); err != nil {
 				return jobs.StartRequest{}, err
@@ -300,6 +300,7 @@ func (t *Tasks) start(ctx context.Context, p identity.Principal, a *ExecuteTaskA
 			},
 		}, nil
 	})
+	return execID, sessID, err
 }
 
 // settle decides the task's status from how the execution ended and what

@@ -161,22 +161,39 @@ type ExecutionResult struct {
 	EgressDenied      []jobs.EgressDenial `json:"egress_denied,omitempty"`
 	EgressDeniedOther int                 `json:"egress_denied_other,omitempty"`
 	Hint              string              `json:"hint,omitempty"`
+	// Backend names the engine that runs the execution (execute_code).
+	Backend string `json:"backend,omitempty"`
 }
 
-// start validates and starts a job.
-func (j *Jobs) start(ctx context.Context, p identity.Principal, a *ExecuteCodeAsyncArgs) (execID, sessID string, err error) {
+// backendRunner notes which backend started a job (a fallback may run it
+// elsewhere than the configured backend).
+type backendRunner struct {
+	sandbox.JobRunner
+	name string
+}
+
+func (r *backendRunner) StartJob(ctx context.Context, spec sandbox.JobSpec, sink sandbox.JobSink) (sandbox.Job, error) {
+	j, err := r.JobRunner.StartJob(ctx, spec, sink)
+	if b, ok := j.(sandbox.BackendReporter); ok && err == nil {
+		r.name = b.Backend()
+	}
+	return j, err
+}
+
+// start validates and starts a job; backend names the engine running it.
+func (j *Jobs) start(ctx context.Context, p identity.Principal, a *ExecuteCodeAsyncArgs) (execID, sessID, backend string, err error) {
 	if err := j.ready(); err != nil {
-		return "", "", err
+		return "", "", "", err
 	}
 	e := j.Engine
 	wd := ""
 	if a.WorkingDirectory != "" && a.WorkingDirectory != "." {
 		if wd, err = workspace.ValidatePath(strings.TrimSuffix(a.WorkingDirectory, "/")); err != nil {
-			return "", "", err
+			return "", "", "", err
 		}
 	}
 	if err := checkEnv(a.Environment); err != nil {
-		return "", "", err
+		return "", "", "", err
 	}
 	timeout := e.DefaultTimeout
 	if a.TimeoutSeconds > 0 { // at most SANDBOX_MAX_TIMEOUT: timeoutRule
@@ -213,12 +230,13 @@ func (j *Jobs) egressBuilder(p identity.Principal, lease *sessions.Lease, policy
 // (Spec, Network, Egress, the stream hooks; it may use the session, which
 // it holds), and starts it. The budget is settled and the session unpinned
 // when the job ends; the job is counted in the sandbox metrics then.
+// backend names the engine that started it (a fallback may differ).
 func (j *Jobs) launch(ctx context.Context, p identity.Principal, sessionID string, timeout time.Duration,
-	prepare func(*sessions.Lease) (jobs.StartRequest, error)) (execID, sessID string, err error) {
+	prepare func(*sessions.Lease) (jobs.StartRequest, error)) (execID, sessID, backend string, err error) {
 	e := j.Engine
 	hold, err := e.reserveExecution(ctx, p, timeout)
 	if err != nil {
-		return "", "", err
+		return "", "", "", err
 	}
 	started := false // from then on OnEnd settles
 	defer func() {
@@ -228,17 +246,18 @@ func (j *Jobs) launch(ctx context.Context, p identity.Principal, sessionID strin
 	}()
 	lease, err := e.Sessions.Acquire(ctx, p.ID, sessionID, true)
 	if err != nil {
-		return "", "", err
+		return "", "", "", err
 	}
 	defer lease.Release()
 	hold.started()
-	runner, ok := lease.Session.(sandbox.JobRunner)
+	jr, ok := lease.Session.(sandbox.JobRunner)
 	if !ok {
-		return "", "", brokererr.New(brokererr.NotConfigured, "this sandbox backend cannot run executions")
+		return "", "", "", brokererr.New(brokererr.NotConfigured, "this sandbox backend cannot run executions")
 	}
+	runner := &backendRunner{JobRunner: jr, name: e.Backend.Name()}
 	req, err := prepare(lease)
 	if err != nil {
-		return "", "", err
+		return "", "", "", err
 	}
 	req.Principal, req.SessionID, req.SessionKey, req.Runner = p.ID, lease.ID, lease.WorkspaceID, runner
 	language := cmp.Or(req.Spec.Language, "shell")
@@ -256,13 +275,13 @@ func (j *Jobs) launch(ctx context.Context, p identity.Principal, sessionID strin
 	}
 	id, err := j.Jobs.Start(ctx, req)
 	if err != nil {
-		return "", "", err // it never ran: not an execution to count
+		return "", "", "", err // it never ran: not an execution to count
 	}
 	go func() {
 		x := <-ended
 		e.observe(language, jobOutcome(x), x.Duration)
 	}()
-	return id, lease.ID, nil
+	return id, lease.ID, runner.name, nil
 }
 
 // jobOutcome classifies a job's end for the metrics (a cancelled job ends
@@ -372,7 +391,7 @@ func (j *Jobs) ExecuteCode() ServerTool {
 		"Run a shell command in your session's sandbox as a tracked execution. Waits up to 50 s for it to finish and returns its output events; longer commands keep running and are read with get_execution_output. No network unless sandbox_config.network allows it.",
 		256<<10, writeAnnotations("Execute command", false, false),
 		func(ctx context.Context, p identity.Principal, a *ExecuteCodeArgs) (*mcp.CallToolResult, error) {
-			id, sess, err := j.start(ctx, p, &a.ExecuteCodeAsyncArgs)
+			id, sess, backend, err := j.start(ctx, p, &a.ExecuteCodeAsyncArgs)
 			if err != nil {
 				return nil, err
 			}
@@ -392,7 +411,7 @@ func (j *Jobs) ExecuteCode() ServerTool {
 				res = ExecutionResult{ExecutionID: id, Status: jobs.StatusRunning, Output: []jobs.Event{},
 					Hint: "started, but its output could not be read just now: call get_execution_output"}
 			}
-			res.SessionID = sess
+			res.SessionID, res.Backend = sess, backend
 			return jsonResult(withHint(res))
 		}).withRules(timeoutRule("timeout_seconds", j.Engine))
 }
@@ -403,11 +422,11 @@ func (j *Jobs) ExecuteCodeAsync() ServerTool {
 		"Start a shell command in your session's sandbox and return at once with its execution_id; read output with get_execution_output, feed input with send_stdin, stop it with cancel_execution.",
 		256<<10, writeAnnotations("Start command", false, false),
 		func(ctx context.Context, p identity.Principal, a *ExecuteCodeAsyncArgs) (*mcp.CallToolResult, error) {
-			id, sess, err := j.start(ctx, p, a)
+			id, sess, backend, err := j.start(ctx, p, a)
 			if err != nil {
 				return nil, err
 			}
-			return jsonResult(map[string]any{"execution_id": id, "session_id": sess, "status": jobs.StatusRunning})
+			return jsonResult(map[string]any{"execution_id": id, "session_id": sess, "status": jobs.StatusRunning, "backend": backend})
 		}).withRules(timeoutRule("timeout_seconds", j.Engine))
 }
 

@@ -168,6 +168,9 @@ type RunCodeResult struct {
 	OOMKilled  bool      `json:"oom_killed"`
 	Truncated  bool      `json:"truncated"`
 	Files      []FileRef `json:"files"`
+	// Backend names the engine that ran the code (a fallback may run it
+	// elsewhere than list_runners says).
+	Backend string `json:"backend"`
 	// Rich output: Result is the text of a notebook cell's last
 	// expression; Displays lists every result, display and figure, whose
 	// images and HTML follow as content.
@@ -221,7 +224,10 @@ func RunCode(e *Engine) ServerTool {
 				return nil, err
 			}
 			out := RunCodeResult{SessionID: lease.ID, ExitCode: res.ExitCode, Signal: res.Signal, TimedOut: res.TimedOut,
-				OOMKilled: res.OOMKilled, DurationMS: res.Duration.Milliseconds(), Truncated: res.Truncated}
+				OOMKilled: res.OOMKilled, DurationMS: res.Duration.Milliseconds(), Truncated: res.Truncated, Backend: res.Backend}
+			if out.Backend == "" {
+				out.Backend = e.Backend.Name()
+			}
 			var t1, t2 bool
 			out.Stdout, t1 = cleanOutput(res.Stdout, maxStreamBytes)
 			out.Stderr, t2 = cleanOutput(res.Stderr, maxStreamBytes)

@@ -290,7 +290,10 @@ func TestJobStdinPartialWriteIsCounted(t *testing.T) {
 	ta := startAgent(t, Options{Language: LangBash})
 	ctx := context.Background()
 	rec := newRecorder()
-	j := ta.startJob(t, JobRequest{Command: "trap 'wc -c; exit 0' HUP; echo ready; while :; do sleep 0.05; done", Interactive: true}, rec.sink)
+	// The job forks nothing while the signal may arrive: the trap
+	// interrupts the wait builtin at once (a fork loop left a window in
+	// which a pre-exec child could take the signal's trap).
+	j := ta.startJob(t, JobRequest{Command: "trap 'wc -c; exit 0' HUP; sleep 1000 & echo ready; wait", Interactive: true}, rec.sink)
 	rec.waitFor(t, "stdout", "ready")
 	data := bytes.Repeat([]byte("z"), 8*MaxJobChunk) // well past a pipe buffer
 	wctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)

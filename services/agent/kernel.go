@@ -12,8 +12,11 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // Notebook mode. The agent runs ipykernel (Debian's python3-ipykernel) as
@@ -63,6 +66,36 @@ func (c *child) exited() bool {
 	}
 }
 
+// dying reports whether the child has exited or is about to, before
+// its waiter has noticed: it is a zombie not yet collected, or a SIGKILL
+// is pending for it. Code of a fresh run can kill the kernel just before
+// the next cell; seen here, the cell goes to a new kernel instead of
+// being lost with the old one.
+func (c *child) dying(procRoot string) bool {
+	if c.exited() {
+		return true
+	}
+	var info unix.Siginfo
+	err := unix.Waitid(unix.P_PID, c.pid, &info, unix.WEXITED|unix.WNOHANG|unix.WNOWAIT, nil)
+	if errors.Is(err, unix.ECHILD) || (err == nil && info.Signo == int32(unix.SIGCHLD)) {
+		return true
+	}
+	status, err := os.ReadFile(filepath.Join(procRoot, strconv.Itoa(c.pid), "status"))
+	if err != nil {
+		return errors.Is(err, os.ErrNotExist)
+	}
+	for _, line := range strings.Split(string(status), "\n") {
+		name, mask, ok := strings.Cut(line, ":")
+		if !ok || (name != "SigPnd" && name != "ShdPnd") {
+			continue
+		}
+		if v, err := strconv.ParseUint(strings.TrimSpace(mask), 16, 64); err == nil && v&(1<<(unix.SIGKILL-1)) != 0 {
+			return true
+		}
+	}
+	return false
+}
+
 // describe says how the exited child ended.
 func (c *child) describe() string {
 	o := outcomeOf(c.state, nil)
@@ -99,7 +132,8 @@ func (s *Server) notebookRun(ctx context.Context, req Request, timeout time.Dura
 	start := time.Now()
 	deadline := start.Add(timeout)
 	started, lost := false, ""
-	if k := nb.cur; k != nil && (k.kern.exited() || k.shim.exited()) {
+	if k := nb.cur; k != nil && (k.kern.dying(s.opts.ProcRoot) || k.shim.dying(s.opts.ProcRoot)) {
+		k.waitExit()
 		nb.end(k, "the kernel "+k.deathNote())
 	}
 	if nb.cur == nil {
@@ -143,6 +177,18 @@ func (s *Server) sweepAfter() {
 	res := sweep(s.mode, s.opts.ProcRoot)
 	if !res.converged || !res.gone {
 		s.logf("sweep incomplete: killed %d, converged %v, all gone %v", res.killed, res.converged, res.gone)
+	}
+}
+
+// waitExit waits, bounded, for whichever of k's processes is dying to be
+// collected, so that deathNote can say how it ended.
+func (k *kernel) waitExit() {
+	t := time.NewTimer(killGraceWait)
+	defer t.Stop()
+	select {
+	case <-k.kern.done:
+	case <-k.shim.done:
+	case <-t.C:
 	}
 }
 

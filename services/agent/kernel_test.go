@@ -4,6 +4,7 @@ import (
 	"os"
 	"os/exec"
 	"strings"
+	"syscall"
 	"testing"
 )
 
@@ -208,6 +209,38 @@ func BenchmarkNotebookCell(b *testing.B) {
 	for b.Loop() {
 		if r := ta.run(b, cellReq("print(1)")); string(r.Stdout) != "1\n" || r.Kernel.Started {
 			b.Fatalf("%+v", r)
+		}
+	}
+}
+
+// TestChildDyingBeforeItsWaiterNotices: a child killed, or already a
+// zombie, counts as dying although nobody has collected it yet; a live
+// one, running or stopped, does not.
+func TestChildDyingBeforeItsWaiterNotices(t *testing.T) {
+	for _, stopped := range []bool{false, true} {
+		cmd := exec.Command("sleep", "1000")
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		c := &child{pid: cmd.Process.Pid, done: make(chan struct{})} // no waiter yet
+		if stopped {
+			if err := syscall.Kill(c.pid, syscall.SIGSTOP); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if c.dying("/proc") {
+			t.Fatalf("stopped=%v: a live child is dying", stopped)
+		}
+		if err := syscall.Kill(c.pid, syscall.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+		// Pending or already a zombie: either way, dying at once.
+		if !c.dying("/proc") {
+			t.Fatalf("stopped=%v: a killed child is not dying", stopped)
+		}
+		_ = cmd.Wait()
+		if !c.dying("/proc") {
+			t.Fatalf("stopped=%v: a collected child is not dying", stopped)
 		}
 	}
 }

@@ -5,7 +5,6 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
-	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -151,27 +150,11 @@ func (b *Broker) openBackend(ctx context.Context, cfg config.Config, agentBin st
 		}
 		return eng, false, nil
 	}
+	if cfg.Backend == "codesandbox" {
+		return b.openHosted(ctx, cfg, agentBin)
+	}
 	if cfg.Backend == "docker" || cfg.Backend == "auto" {
-		o := docker.Options{
-			Root:        cfg.Root,
-			AgentBinary: agentBin,
-			PoolSize:    cfg.PoolSize,
-			Memory:      cfg.MemoryMB << 20,
-			NanoCPUs:    int64(cfg.CPUs) * 1_000_000,
-			PidsLimit:   cfg.PidsLimit,
-			Runtime:     cfg.Runtime,
-			InstanceID:  instanceID(),
-			Languages:   agent.RunLanguages,
-			UIDs:        b.uids,
-			Slots:       b.slots,
-			IdleTimeout: time.Duration(cfg.IdleTimeoutMS) * time.Millisecond,
-			OnAcquire:   b.pm.acquired,
-			Log:         b.log, // the engine names its component
-			WorkspaceLimits: workspace.Limits{MaxFiles: cfg.MaxFiles, MaxBytes: cfg.MaxWorkspaceMB << 20,
-				MaxFileBytes: min(cfg.MaxWorkspaceMB<<20, 64<<20)},
-		}
-		agentEngineOptions(cfg, &o)
-		eng, err := docker.New(ctx, o)
+		eng, err := b.openDocker(ctx, cfg, agentBin)
 		if err == nil {
 			b.poolStats = func() map[string]int { return eng.Stats().PoolReady }
 			return eng, true, nil
@@ -193,6 +176,33 @@ func (b *Broker) openBackend(ctx context.Context, cfg config.Config, agentBin st
 			MaxFileBytes: min(cfg.MaxWorkspaceMB<<20, 64<<20)},
 	})
 	return eng, false, err
+}
+
+// openDocker starts the Docker engine.
+func (b *Broker) openDocker(ctx context.Context, cfg config.Config, agentBin string) (*docker.Engine, error) {
+	o := docker.Options{
+		Root:            cfg.Root,
+		AgentBinary:     agentBin,
+		PoolSize:        cfg.PoolSize,
+		Memory:          cfg.MemoryMB << 20,
+		NanoCPUs:        int64(cfg.CPUs) * 1_000_000,
+		PidsLimit:       cfg.PidsLimit,
+		Runtime:         cfg.Runtime,
+		InstanceID:      instanceID(),
+		Languages:       agent.RunLanguages,
+		UIDs:            b.uids,
+		Slots:           b.slots,
+		IdleTimeout:     time.Duration(cfg.IdleTimeoutMS) * time.Millisecond,
+		OnAcquire:       b.pm.acquired,
+		Log:             b.log, // the engine names its component
+		WorkspaceLimits: workspaceLimits(cfg),
+	}
+	agentEngineOptions(cfg, &o)
+	return docker.New(ctx, o)
+}
+
+func workspaceLimits(cfg config.Config) workspace.Limits {
+	return workspace.Limits{MaxFiles: cfg.MaxFiles, MaxBytes: cfg.MaxWorkspaceMB << 20, MaxFileBytes: min(cfg.MaxWorkspaceMB<<20, 64<<20)}
 }
 
 // installAgent copies the broker's own binary (it doubles as the in-sandbox
@@ -303,9 +313,7 @@ func (b *Broker) openProjects(ctx context.Context, cfg config.Config, agentBin s
 			return err
 		}
 		p, err = codesandbox.NewProvider(codesandbox.ProviderOptions{
-			API: codesandbox.Options{BaseURL: cfg.CSBAPIURL, APIKey: cfg.CSBAPIKey.Reveal(), HTTP: &http.Client{
-				Transport:     b.pm.instrument("codesandbox", nil),
-				CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}},
+			API:       b.csbAPI(cfg),
 			Templates: tpl,
 			Log:       b.log,
 		})

@@ -151,6 +151,12 @@ var sandboxIDRe = regexp.MustCompile(`^[a-z0-9]{1,32}$`)
 // Template references may also be tags (pt_…) or aliases (namespace@alias).
 var templateRefRe = regexp.MustCompile(`^[A-Za-z0-9_@-][A-Za-z0-9_.@-]{0,127}$`)
 
+// ValidTemplateRef reports whether s has the form of a template
+// reference fork accepts (sandbox ID, tag or alias).
+func ValidTemplateRef(s string) bool {
+	return templateRefRe.MatchString(s) && !strings.Contains(s, "..")
+}
+
 // ValidSandboxID reports whether id has the form of a CodeSandbox ID.
 func ValidSandboxID(id string) bool { return sandboxIDRe.MatchString(id) }
 
@@ -261,7 +267,7 @@ func (c *Client) GetSandbox(ctx context.Context, id string) (*Sandbox, error) {
 // Fork forks a template (sandbox ID, tag or alias). With StartOptions the
 // VM is started by the same call and the response carries StartResponse.
 func (c *Client) Fork(ctx context.Context, template string, req ForkRequest) (*ForkResponse, error) {
-	if !templateRefRe.MatchString(template) || strings.Contains(template, "..") {
+	if !ValidTemplateRef(template) {
 		return nil, brokererr.New(brokererr.InvalidInput, "invalid CodeSandbox template reference")
 	}
 	var out ForkResponse

@@ -3,6 +3,7 @@ package codesandbox
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -13,6 +14,7 @@ import (
 	"github.com/vmihailenco/msgpack/v5"
 
 	"github.com/sandbox-broker/sandbox-broker/services/brokererr"
+	"github.com/sandbox-broker/sandbox-broker/services/codesandbox/csbfake"
 )
 
 // Contract tests: the client decodes payloads shaped exactly like the
@@ -294,7 +296,7 @@ func TestPitcherDecodesSDKPayloads(t *testing.T) {
 	}
 	one := 1
 	for name, errno := range map[string]*int{"pitcher/fs.FSReadFileMessage.error.json": new(2), "pitcher/fs.FSStatMessage.error.json": nil} {
-		pe, ok := pitcherError("fs/readFile", inMsg{ID: &one, Error: toMsgpack(t, name)}).(*PitcherError)
+		pe, ok := pitcherError("fs/readFile", inMsg{ID: &one, Error: toMsgpack(t, name), hasID: true, hasError: true}).(*PitcherError)
 		if !ok || pe.Code != PitcherRawFSError || (pe.Errno == nil) != (errno == nil) || (errno != nil && *pe.Errno != *errno) {
 			t.Fatalf("%s: %+v", name, pe)
 		}
@@ -332,7 +334,7 @@ func TestFakeAgentFollowsSDKTypes(t *testing.T) {
 	call("setup/get", struct{}{}, setup...)
 	n := 0
 	for _, c := range f.PitcherCalls() {
-		if c.FromAgent {
+		if c.FromAgent && c.Method == "setup/progress" {
 			n++
 			conforms(t, "setup/progress notification", asJSON(t, c.Params), setup...)
 		}
@@ -350,4 +352,59 @@ func TestFakeAgentFollowsSDKTypes(t *testing.T) {
 	call("shell/terminate", map[string]any{"shellId": sh["shellId"]}, "pitcher/shell.ShellTerminate.json", "pitcher/shell.ShellTerminate.exited.json")
 	call("port/list", struct{}{}, "pitcher/port.PortList.json")
 	call("task/list", struct{}{}, "pitcher/task.TaskList.json", "pitcher/task.TaskList.sparse.json")
+	call("fs/readdir", map[string]any{"path": "/project/workspace"}, "pitcher/fs.FSReadDirMessage.json")
+	call("fs/remove", map[string]any{"path": "/project/workspace/d", "recursive": true}, "pitcher/fs.FSRemoveMessage.json")
+}
+
+// TestFakeRealShellFollowsSDKTypes holds the fake's real shell (what the
+// hosted sessions backend is tested on) to the same types: shell/in, and
+// the notifications it streams.
+func TestFakeRealShellFollowsSDKTypes(t *testing.T) {
+	f := csbfake.New(t, testKey, csbfake.WithRealShell())
+	p := dial(t, startVM(t, f, UniversalTemplate), nil)
+	cx := ctx(t)
+	var out strings.Builder
+	sh, err := p.Stream(cx, "read line; echo \"got $line\"; exit 3", "", func(c string) { out.WriteString(c) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	var res map[string]any
+	if err := p.Call(cx, "shell/in", map[string]any{"shellId": sh.ID, "input": "hi\n", "size": defaultSize}, &res); err != nil {
+		t.Fatalf("shell/in: %v", err)
+	}
+	conforms(t, "shell/in", asJSON(t, res), "pitcher/shell.ShellIn.json")
+	<-sh.Done()
+	if code, err := sh.Exit(); code != 3 || err != nil || !strings.Contains(out.String(), "got hi") {
+		t.Fatalf("exit %d %v, output %q", code, err, out.String())
+	}
+	seen := map[string]int{}
+	for _, c := range f.PitcherCalls() {
+		switch {
+		case !c.FromAgent:
+		case c.Method == "shell/out":
+			conforms(t, "shell/out", asJSON(t, c.Params), "pitcher/shell.ShellOutNotification.json")
+		case c.Method == "shell/exit":
+			conforms(t, "shell/exit", asJSON(t, c.Params), "pitcher/shell.ShellExitNotification.json")
+		default:
+			continue
+		}
+		seen[c.Method]++
+	}
+	if seen["shell/out"] == 0 || seen["shell/exit"] != 1 {
+		t.Fatalf("notifications %v", seen)
+	}
+	// fs/remove follows FSRemoveParams: a directory needs recursive.
+	if err := p.Mkdir(cx, "/project/workspace/d/e", true); err != nil {
+		t.Fatal(err)
+	}
+	var pe *PitcherError
+	if err := p.Remove(cx, "/project/workspace/d", false); !errors.As(err, &pe) || pe.Code != PitcherRawFSError {
+		t.Fatalf("non-recursive remove of a directory: %v", err)
+	}
+	if err := p.Remove(cx, "/project/workspace/d", true); err != nil {
+		t.Fatal(err)
+	}
+	if ents, err := p.ReadDir(cx, "/project/workspace"); err != nil || len(ents) != 0 {
+		t.Fatalf("readdir after remove: %+v %v", ents, err)
+	}
 }

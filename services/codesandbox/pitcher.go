@@ -150,23 +150,51 @@ type outMsg struct {
 
 // inMsg is any message from the agent. Which keys are present decides
 // what it is, as in the SDK's receiveMessage (dist/esm/index.js:8597-8634,
-// predicates at 8109-8117): no id but params is a notification; with an id,
-// an error key makes it a rejection, else a result key a resolution. The
-// wire's status is not read: the SDK ignores it too. A present key holds
-// at least one byte (msgpack nil is 0xc0), an absent one none.
+// predicates at 8109-8117, `"key" in payload`): no id but params is a
+// notification; with an id, an error key makes it a rejection, else a
+// result key a resolution, even when its value is null (shell/in's result
+// is null: pitcher-protocol/messages/shell.d.ts:56-58). The wire's status
+// is not read: the SDK ignores it too.
 type inMsg struct {
-	ID     *int               `msgpack:"id"`
-	Method string             `msgpack:"method"`
-	Params msgpack.RawMessage `msgpack:"params"`
-	Result msgpack.RawMessage `msgpack:"result"`
-	Error  msgpack.RawMessage `msgpack:"error"`
+	ID                                    *int
+	Method                                string
+	Params, Result, Error                 msgpack.RawMessage
+	hasID, hasParams, hasResult, hasError bool
+}
+
+// decodeInMsg decodes a message keeping track of which keys it has
+// (msgpack's nil decodes to an empty RawMessage, like an absent key).
+func decodeInMsg(data []byte) (inMsg, error) {
+	var raw map[string]msgpack.RawMessage
+	if err := msgpack.Unmarshal(data, &raw); err != nil {
+		return inMsg{}, err
+	}
+	var m inMsg
+	var idRaw msgpack.RawMessage
+	idRaw, m.hasID = raw["id"]
+	m.Params, m.hasParams = raw["params"]
+	m.Result, m.hasResult = raw["result"]
+	m.Error, m.hasError = raw["error"]
+	if len(idRaw) > 0 {
+		var id int
+		if err := msgpack.Unmarshal(idRaw, &id); err != nil {
+			return inMsg{}, fmt.Errorf("id: %w", err)
+		}
+		m.ID = &id
+	}
+	if b := raw["method"]; len(b) > 0 {
+		if err := msgpack.Unmarshal(b, &m.Method); err != nil {
+			return inMsg{}, fmt.Errorf("method: %w", err)
+		}
+	}
+	return m, nil
 }
 
 // isResponse reports whether m answers request *m.ID.
-func (m *inMsg) isResponse() bool { return m.ID != nil && (len(m.Error) > 0 || len(m.Result) > 0) }
+func (m *inMsg) isResponse() bool { return m.ID != nil && (m.hasError || m.hasResult) }
 
 // isNotification reports whether m is a notification.
-func (m *inMsg) isNotification() bool { return m.ID == nil && len(m.Params) > 0 }
+func (m *inMsg) isNotification() bool { return !m.hasID && m.hasParams }
 
 // DialPitcher connects to {pitcherURL}/?token={token}, sends client/join
 // and waits for the VM's setup to be under way, as the SDK does before it
@@ -345,8 +373,12 @@ func (p *Pitcher) shutdown(why error) {
 		for _, pc := range pend {
 			close(pc.ch)
 		}
+		lost := why
+		if !errors.Is(lost, ErrPitcherClosed) {
+			lost = fmt.Errorf("%w: %w", ErrPitcherClosed, why)
+		}
 		for _, s := range shells {
-			s.fail(why)
+			s.fail(lost)
 		}
 		close(p.done)
 	})
@@ -396,7 +428,7 @@ func (p *Pitcher) call(ctx context.Context, method string, params, out any, hook
 		if !ok {
 			return fmt.Errorf("%w: %s: %w", ErrPitcherClosed, method, p.Err())
 		}
-		if len(m.Error) > 0 {
+		if m.hasError {
 			return pitcherError(method, m)
 		}
 		if out != nil && len(m.Result) > 0 {
@@ -464,8 +496,8 @@ func (p *Pitcher) readLoop(ctx context.Context) {
 		if typ != websocket.MessageBinary {
 			continue
 		}
-		var m inMsg
-		if err := msgpack.Unmarshal(data, &m); err != nil {
+		m, err := decodeInMsg(data)
+		if err != nil {
 			p.log.Warn().Err(err).Int("bytes", len(data)).Msg("pitcher_bad_message")
 			continue
 		}
@@ -478,7 +510,7 @@ func (p *Pitcher) readLoop(ctx context.Context) {
 			if pc == nil {
 				continue // its caller gave up
 			}
-			if pc.hook != nil && len(m.Error) == 0 {
+			if pc.hook != nil && !m.hasError {
 				pc.hook(m.Result)
 			}
 			pc.ch <- m

@@ -152,6 +152,44 @@ func (p *Pitcher) Terminate(ctx context.Context, shellID string) error {
 	}{shellID}, nil)
 }
 
+// DirEntry is one fs/readdir entry (FSReadDirResult,
+// pitcher-protocol/messages/fs.d.ts:137-143).
+type DirEntry struct {
+	Name      string `msgpack:"name"`
+	Type      int    `msgpack:"type"` // 0 file, 1 directory
+	IsSymlink bool   `msgpack:"isSymlink"`
+}
+
+// ReadDir lists a directory.
+func (p *Pitcher) ReadDir(ctx context.Context, path string) ([]DirEntry, error) {
+	var out struct {
+		Entries []DirEntry `msgpack:"entries"`
+	}
+	err := p.Call(ctx, "fs/readdir", struct {
+		Path string `msgpack:"path"`
+	}{path}, &out)
+	return out.Entries, err
+}
+
+// Remove deletes a file or, with recursive, a directory tree
+// (FSRemoveParams, pitcher-protocol/messages/fs.d.ts:195-203).
+func (p *Pitcher) Remove(ctx context.Context, path string, recursive bool) error {
+	return p.Call(ctx, "fs/remove", struct {
+		Path      string `msgpack:"path"`
+		Recursive bool   `msgpack:"recursive"`
+	}{path, recursive}, nil)
+}
+
+// ShellIn types input into a shell's terminal (ShellIn,
+// pitcher-protocol/messages/shell.d.ts:52-59; its result is null).
+func (p *Pitcher) ShellIn(ctx context.Context, shellID, input string) error {
+	return p.Call(ctx, "shell/in", struct {
+		ShellID string    `msgpack:"shellId"`
+		Input   string    `msgpack:"input"`
+		Size    ShellSize `msgpack:"size"`
+	}{shellID, input, defaultSize}, nil)
+}
+
 // Run runs command with bash in cwd, as the SDK does (a system terminal
 // shell), collecting shell/out until shell/exit. At most maxOutput bytes
 // of the output's tail are kept. When ctx ends first the shell is
@@ -161,6 +199,79 @@ func (p *Pitcher) Run(ctx context.Context, command, cwd string, maxOutput int) (
 		maxOutput = defaultMaxShellOutput
 	}
 	sr := newShellRun(maxOutput)
+	shellID, err := p.startShell(ctx, command, cwd, sr)
+	if err != nil {
+		return nil, err
+	}
+	select {
+	case <-sr.done:
+		return sr.result()
+	case <-p.done:
+		res, _ := sr.result()
+		return res, fmt.Errorf("%w: %w", ErrPitcherClosed, p.Err())
+	case <-ctx.Done():
+		p.dropShell(shellID)
+		res := sr.partial()
+		return res, p.ctxErr(ctx, "shell/create")
+	}
+}
+
+// StreamedShell is a command started with Stream.
+type StreamedShell struct {
+	ID string
+	p  *Pitcher
+	sr *shellRun
+}
+
+// Done is closed when the command has exited or the connection ended.
+func (s *StreamedShell) Done() <-chan struct{} { return s.sr.done }
+
+// Exit is the exit code once Done is closed (-1 when terminated); the
+// error is set when the connection ended first (ErrPitcherClosed).
+func (s *StreamedShell) Exit() (int, error) {
+	s.sr.mu.Lock()
+	defer s.sr.mu.Unlock()
+	return s.sr.exit, s.sr.err
+}
+
+// Terminate kills the shell and stops its output.
+func (s *StreamedShell) Terminate(ctx context.Context) {
+	s.p.mu.Lock()
+	delete(s.p.shells, s.ID)
+	s.p.mu.Unlock()
+	if err := s.p.Terminate(ctx, s.ID); err != nil {
+		s.p.log.Warn().Err(err).Msg("pitcher_terminate_failed")
+	}
+	s.sr.fail(errors.New("shell terminated"))
+}
+
+// Stream starts command like Run but hands every output chunk (the
+// agent's "[CODESANDBOX]" lines left out) to out, from the connection's
+// reader: out must return quickly. ctx bounds only the start.
+func (p *Pitcher) Stream(ctx context.Context, command, cwd string, out func(chunk string)) (*StreamedShell, error) {
+	sr := &shellRun{sink: out, done: make(chan struct{})}
+	id, err := p.startShell(ctx, command, cwd, sr)
+	if err != nil {
+		return nil, err
+	}
+	return &StreamedShell{ID: id, p: p, sr: sr}, nil
+}
+
+// dropShell terminates a shell whose caller gave up on it.
+func (p *Pitcher) dropShell(shellID string) {
+	p.mu.Lock()
+	delete(p.shells, shellID)
+	p.mu.Unlock()
+	tctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	if err := p.Terminate(tctx, shellID); err != nil {
+		p.log.Warn().Err(err).Msg("pitcher_terminate_failed")
+	}
+	cancel()
+}
+
+// startShell sends shell/create for `bash -c command` and registers sr for
+// its output before any later message is read.
+func (p *Pitcher) startShell(ctx context.Context, command, cwd string, sr *shellRun) (string, error) {
 	var shellID string
 	params := struct {
 		Command       string    `msgpack:"command"`
@@ -183,35 +294,22 @@ func (p *Pitcher) Run(ctx context.Context, command, cwd string, maxOutput int) (
 			return
 		}
 		p.mu.Lock()
-		if p.err == nil {
+		gone := p.err
+		if gone == nil {
 			p.shells[s.ShellID] = sr
 		}
 		p.mu.Unlock()
+		if gone != nil {
+			sr.fail(fmt.Errorf("%w: %w", ErrPitcherClosed, gone))
+		}
 	})
 	if err != nil {
-		return nil, err
+		return "", err
 	}
 	if shellID == "" {
-		return nil, errors.New("pitcher shell/create: no shellId in result")
+		return "", errors.New("pitcher shell/create: no shellId in result")
 	}
-	select {
-	case <-sr.done:
-		return sr.result()
-	case <-p.done:
-		res, _ := sr.result()
-		return res, fmt.Errorf("%w: %w", ErrPitcherClosed, p.Err())
-	case <-ctx.Done():
-		p.mu.Lock()
-		delete(p.shells, shellID)
-		p.mu.Unlock()
-		tctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		if err := p.Terminate(tctx, shellID); err != nil {
-			p.log.Warn().Err(err).Msg("pitcher_terminate_failed")
-		}
-		cancel()
-		res := sr.partial()
-		return res, p.ctxErr(ctx, "shell/create")
-	}
+	return shellID, nil
 }
 
 func (p *Pitcher) shell(id string) *shellRun {
@@ -230,10 +328,11 @@ func (p *Pitcher) finishShell(id string, code int) {
 	}
 }
 
-// shellRun collects one command's output.
+// shellRun collects one command's output, or hands it to sink.
 type shellRun struct {
 	mu    sync.Mutex
 	out   tailBuffer
+	sink  func(string)
 	exit  int
 	err   error
 	done  chan struct{}
@@ -252,7 +351,11 @@ func (s *shellRun) add(chunk string) {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if !s.ended {
+	switch {
+	case s.ended:
+	case s.sink != nil:
+		s.sink(chunk)
+	default:
 		s.out.write([]byte(chunk))
 	}
 }

@@ -129,7 +129,7 @@ func NewProvider(o ProviderOptions) (*Provider, error) {
 	tpl := maps.Clone(DefaultTemplates)
 	maps.Copy(tpl, o.Templates)
 	for name, t := range tpl {
-		if !templateRefRe.MatchString(t.ID) || strings.Contains(t.ID, "..") || t.Port < 1 || t.Port > 65535 {
+		if !ValidTemplateRef(t.ID) || t.Port < 1 || t.Port > 65535 {
 			return nil, fmt.Errorf("codesandbox: template %q: invalid ID or port", name)
 		}
 	}
@@ -228,7 +228,7 @@ func (p *Provider) Create(ctx context.Context, req projects.CreateRequest) (proj
 	if err != nil {
 		return nil, err
 	}
-	v.conn, v.workspace = conn, workspacePath(start)
+	v.conn, v.workspace = conn, start.Workspace()
 	if err := p.register(v); err != nil {
 		_ = conn.Close()
 		return nil, err
@@ -362,13 +362,15 @@ func (p *Provider) dial(ctx context.Context, start *StartResponse) (*Pitcher, er
 	o.Log = p.o.Log.With().Str("sandbox_id", start.ID).Logger()
 	conn, err := DialPitcher(ctx, start.PitcherURL, start.PitcherToken, o)
 	if err != nil {
-		return nil, mapAgentErr(err)
+		return nil, AgentError(err)
 	}
 	p.log.Debug().Str("sandbox_id", start.ID).Str("bootup_type", start.BootupType).Msg("csb_agent_connected")
 	return conn, nil
 }
 
-func workspacePath(s *StartResponse) string {
+// Workspace is the VM's workspace directory: user_workspace_path when it
+// is a clean absolute path other than /, else DefaultWorkspacePath.
+func (s *StartResponse) Workspace() string {
 	ws := s.UserWorkspacePath
 	if ws == "" || !path.IsAbs(ws) || path.Clean(ws) != ws || ws == "/" {
 		return DefaultWorkspacePath
@@ -422,7 +424,7 @@ func (p *Provider) agent(ctx context.Context, v *vm) (*Pitcher, string, error) {
 	if err != nil {
 		return nil, "", err
 	}
-	v.conn, v.workspace = conn, workspacePath(start)
+	v.conn, v.workspace = conn, start.Workspace()
 	return conn, v.workspace, nil
 }
 
@@ -436,14 +438,14 @@ func (p *Provider) withAgent(ctx context.Context, v *vm, fn func(*Pitcher, strin
 		}
 		err = fn(conn, ws)
 		if err == nil || attempt > 0 || !errors.Is(err, ErrPitcherClosed) || ctx.Err() != nil {
-			return mapAgentErr(err)
+			return AgentError(err)
 		}
 		p.log.Info().Str("sandbox_id", v.id).Msg("csb_agent_reconnect")
 	}
 }
 
-// mapAgentErr turns agent errors into codes the model can act on.
-func mapAgentErr(err error) error {
+// AgentError turns agent errors into codes the model can act on.
+func AgentError(err error) error {
 	if err == nil || brokererr.As(err) != nil || errors.Is(err, context.Canceled) {
 		return err
 	}

@@ -444,6 +444,9 @@ type ctr struct {
 	// agent.Strays), as the stray check reads it: a host ID under runc, the
 	// sandbox's own under gVisor. Guarded by the owning session's mu.
 	kernelSID int
+	// known is what the last stray check read (under runc; see
+	// sessionsBefore), guarded by the owning session's mu.
+	known agent.SessionCache
 }
 
 // markDied records that the container is dead.

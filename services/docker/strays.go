@@ -18,27 +18,61 @@ import (
 // compares them only with IDs from the same place.
 
 // hostSessions reads c's agent.Sessions from the host's /proc (nil when
-// it cannot tell). Threads, not processes: cgroup.procs omits a process
-// whose leader thread exited while its other threads run on, so every
-// thread of the cgroup is read, with its process.
-func (e *Engine) hostSessions(c *ctr) agent.Sessions {
+// it cannot tell), and the same sessions' threads, for c.known. Threads,
+// not processes: cgroup.procs omits a process whose leader thread exited
+// while its other threads run on, so every thread of the cgroup is read,
+// with its process.
+func (e *Engine) hostSessions(c *ctr) (sessions agent.Sessions, threads map[int][]int) {
+	tids := e.tasks(c)
+	if tids == nil {
+		return nil, nil
+	}
+	sessions, threads = agent.Sessions{}, map[int][]int{}
+	seen := map[int]bool{}
+	for _, tid := range tids {
+		sid, pid, ok := hostThread(tid)
+		if !ok {
+			continue
+		}
+		threads[sid] = append(threads[sid], tid)
+		if !seen[pid] {
+			seen[pid] = true
+			sessions[sid] = append(sessions[sid], pid)
+		}
+	}
+	return sessions, threads
+}
+
+// tasks lists the host thread IDs in c's pids cgroup (nil when it cannot
+// be read): one file read.
+func (e *Engine) tasks(c *ctr) []int {
 	b, err := os.ReadFile(filepath.Join(cgroupRoot, "pids", "docker", c.dockerID, "tasks"))
 	if err != nil {
 		return nil
 	}
-	out := agent.Sessions{}
-	seen := map[int]bool{}
+	tids := []int{}
 	for _, f := range strings.Fields(string(b)) {
-		tid, err := strconv.Atoi(f)
-		if err != nil {
-			continue
-		}
-		if sid, pid, ok := hostThread(tid); ok && !seen[pid] {
-			seen[pid] = true
-			out[sid] = append(out[sid], pid)
+		if tid, err := strconv.Atoi(f); err == nil {
+			tids = append(tids, tid)
 		}
 	}
-	return out
+	return tids
+}
+
+// hostThreadSession is hostThread's session alone (one read), for
+// agent.SessionCache.
+func hostThreadSession(tid int) (int, bool) {
+	st, ok := readHostStat(tid)
+	return st.Session, ok
+}
+
+func readHostStat(tid int) (agent.ProcStat, bool) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", tid))
+	if err != nil {
+		return agent.ProcStat{}, false
+	}
+	st, ok := agent.ParseProcStat(b)
+	return st, ok && st.Live()
 }
 
 // hostThread reads the session and the process (thread-group ID) of the
@@ -47,15 +81,11 @@ func (e *Engine) hostSessions(c *ctr) agent.Sessions {
 // (PF_EXITING), such as a run that reported its status just before its
 // teardown finished.
 func hostThread(tid int) (sid, pid int, ok bool) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", tid))
-	if err != nil {
+	st, ok := readHostStat(tid)
+	if !ok {
 		return 0, 0, false
 	}
-	st, ok := agent.ParseProcStat(b)
-	if !ok || !st.Live() {
-		return 0, 0, false
-	}
-	b, err = os.ReadFile(fmt.Sprintf("/proc/%d/status", tid))
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", tid))
 	if err != nil {
 		return 0, 0, false
 	}
@@ -71,9 +101,17 @@ func hostThread(tid int) (sid, pid int, ok bool) {
 // sessionsBefore returns the sessions in c before a run. Under gVisor it
 // is the set the last check found (after the previous run, or when the
 // container started), which saves a round trip to the sandbox per run.
+// Under runc it is one read of the cgroup's threads with what the last
+// check read (agent.SessionCache), or a full read the first time; its
+// lists then hold threads, not processes (Strays reads only before's
+// sessions).
 func (e *Engine) sessionsBefore(c *ctr) agent.Sessions {
 	if e.o.Runtime != RuntimeRunsc {
-		return e.hostSessions(c)
+		if before := c.known.Before(e.tasks(c), hostThreadSession); before != nil {
+			return before
+		}
+		s, _ := e.hostSessions(c)
+		return s
 	}
 	if c.sessions == nil {
 		var err error
@@ -103,7 +141,9 @@ func (e *Engine) hasStrays(c *ctr, before agent.Sessions, kernel *sandbox.Kernel
 		if before == nil {
 			return false // cannot tell (no cgroup v1 pids controller visible)
 		}
-		after = e.hostSessions(c)
+		var threads map[int][]int
+		after, threads = e.hostSessions(c)
+		c.known.Record(threads)
 	}
 	started := kernel != nil && kernel.Started && kernel.Ended == ""
 	stray, sid := agent.Strays(before, after, c.kernelSID, started)

@@ -68,11 +68,19 @@ type Options struct {
 type Manager struct {
 	o          Options
 	db         *sql.DB
+	st         statements
 	mu         sync.Mutex
 	live       map[string]*job
 	perSession map[string]int
 	closing    bool // Close kills live jobs: they end as error, with the reason
 	wg         sync.WaitGroup
+}
+
+// statements are the Manager's prepared statements for what each job and
+// each status call does.
+type statements struct {
+	insert, end, status *sql.Stmt
+	all                 statedb.Stmts
 }
 
 type job struct {
@@ -152,9 +160,17 @@ func Open(ctx context.Context, o Options) (*Manager, error) {
 		return nil, fmt.Errorf("jobs: %w", err)
 	}
 	m := &Manager{o: o, db: db, live: map[string]*job{}, perSession: map[string]int{}}
-	if err := m.recover(ctx); err != nil {
+	st := &m.st
+	st.all, err = statedb.Prepare(ctx, db,
+		statedb.Query{Dst: &st.insert, SQL: `INSERT INTO jobs(id, principal, session_id, command, status, interactive, network, started_at) VALUES(?,?,?,?,?,?,?,?)`},
+		statedb.Query{Dst: &st.end, SQL: `UPDATE jobs SET status = ?, exit_code = ?, signal = ?, error = ?, ended_at = ? WHERE id = ?`},
+		statedb.Query{Dst: &st.status, SQL: `SELECT id, session_id, command, status, exit_code, signal, error, interactive, network, started_at, ended_at FROM jobs WHERE id = ? AND principal = ?`})
+	if err != nil {
 		db.Close()
-		return nil, err
+		return nil, fmt.Errorf("jobs: %w", err)
+	}
+	if err := m.recover(ctx); err != nil {
+		return nil, errors.Join(err, st.all.Close(), db.Close())
 	}
 	return m, nil
 }
@@ -248,7 +264,7 @@ func (m *Manager) Close(ctx context.Context) error {
 	case <-done:
 	case <-ctx.Done():
 	}
-	return m.db.Close()
+	return errors.Join(m.st.all.Close(), m.db.Close())
 }
 
 // StartRequest is a validated job to start in one session.
@@ -337,8 +353,7 @@ func (m *Manager) Start(ctx context.Context, req StartRequest) (string, error) {
 		return fail(brokererr.Wrap(err, brokererr.Unavailable, "job log unavailable"))
 	}
 	now := m.o.Now()
-	if _, err := m.db.ExecContext(ctx, `INSERT INTO jobs(id, principal, session_id, command, status, interactive, network, started_at) VALUES(?,?,?,?,?,?,?,?)`,
-		id, req.Principal, req.SessionID, req.Spec.Command, StatusRunning, req.Spec.Interactive, req.Network, now.UnixMilli()); err != nil {
+	if _, err := m.st.insert.ExecContext(ctx, id, req.Principal, req.SessionID, req.Spec.Command, StatusRunning, req.Spec.Interactive, req.Network, now.UnixMilli()); err != nil {
 		_ = os.RemoveAll(m.logDir(id))
 		return fail(brokererr.Wrap(err, brokererr.Unavailable, "job store unavailable"))
 	}
@@ -459,8 +474,7 @@ func (m *Manager) finish(j *job, x sandbox.JobExit, onEnd func(sandbox.JobExit))
 		exit = code
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	_, err := m.db.ExecContext(ctx, `UPDATE jobs SET status = ?, exit_code = ?, signal = ?, error = ?, ended_at = ? WHERE id = ?`,
-		status, exit, x.Signal, ev.Message, now.UnixMilli(), j.id)
+	_, err := m.st.end.ExecContext(ctx, status, exit, x.Signal, ev.Message, now.UnixMilli(), j.id)
 	cancel()
 	if err != nil {
 		m.o.Log.Error().Str("execution_id", j.id).Msg("job_status_write_failed")
@@ -503,7 +517,7 @@ func (m *Manager) Status(ctx context.Context, principal, id string) (Info, error
 	if !IDPattern.MatchString(id) {
 		return Info{}, notFound(id)
 	}
-	row := m.db.QueryRowContext(ctx, `SELECT id, session_id, command, status, exit_code, signal, error, interactive, network, started_at, ended_at FROM jobs WHERE id = ? AND principal = ?`, id, principal)
+	row := m.st.status.QueryRowContext(ctx, id, principal)
 	info, err := scanInfo(row.Scan)
 	if errors.Is(err, sql.ErrNoRows) {
 		return Info{}, notFound(id)

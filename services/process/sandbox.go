@@ -33,8 +33,10 @@ type sbx struct {
 	stopErr  error
 
 	// kernelSID is the host session ID of its notebook kernel (see
-	// agent.Strays); guarded by the session's runMu.
+	// agent.Strays), and known what the last stray check read (see
+	// sessionsBefore); guarded by the session's runMu.
 	kernelSID int
+	known     agent.SessionCache
 }
 
 func (s *sbx) alive() bool {
@@ -301,6 +303,32 @@ func (s *sbx) sessions() map[int][]int {
 		}
 	}
 	return out
+}
+
+// sessionsBefore returns the sessions in the sandbox before a run: one
+// read of its cgroup's processes with what the last stray check read (see
+// agent.SessionCache), or a full read.
+func (s *sbx) sessionsBefore() map[int][]int {
+	if before := s.known.Before(s.cg.pids(), sessionOf); before != nil {
+		return before
+	}
+	return s.sessions()
+}
+
+// sessionOf is the session of a live process, as sessions reads it.
+func sessionOf(pid int) (int, bool) {
+	if st, ok := procStat(pid, pid); ok && st.Live() {
+		return st.Session, true
+	}
+	tasks, _ := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+	for _, t := range tasks {
+		if tid, err := strconv.Atoi(t.Name()); err == nil {
+			if st, ok := procStat(pid, tid); ok && st.Live() {
+				return st.Session, true
+			}
+		}
+	}
+	return 0, false
 }
 
 // procStat reads /proc/<pid>/task/<tid>/stat.

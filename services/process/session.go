@@ -130,7 +130,7 @@ func (s *Session) Exec(ctx context.Context, req sandbox.ExecRequest) (sandbox.Ex
 		return sandbox.ExecResult{}, err
 	}
 	oomBefore := sb.cg.oomKills()
-	sessionsBefore := sb.sessions()
+	sessionsBefore := sb.sessionsBefore()
 	rctx, cancel := context.WithTimeout(ctx, timeout+hardStopMargin)
 	stopWatch := w.WatchQuota(rctx, func(kctx context.Context) {
 		s.b.log.Warn().Str("sandbox", sb.id).Msg("workspace_quota_exceeded")
@@ -201,7 +201,9 @@ func (s *Session) hasStrays(sb *sbx, before map[int][]int, kernel *sandbox.Kerne
 		return false
 	}
 	started := kernel != nil && kernel.Started && kernel.Ended == ""
-	stray, sid := agent.Strays(before, sb.sessions(), sb.kernelSID, started)
+	after := sb.sessions()
+	sb.known.Record(after)
+	stray, sid := agent.Strays(before, after, sb.kernelSID, started)
 	sb.kernelSID = sid
 	if stray {
 		s.b.log.Info().Str("sandbox", sb.id).Msg("sandbox_strays_found")

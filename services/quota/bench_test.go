@@ -56,3 +56,19 @@ func BenchmarkReserveSettleExecution(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkUsage is get_usage's read: from the view, no database.
+func BenchmarkUsage(b *testing.B) {
+	ctx := context.Background()
+	s := openStore(b, dbPath(b), newClock(t0))
+	l := LimitsFor(TierPro, 0)
+	if _, err := s.AllowCall(ctx, "bench", l); err != nil {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := s.Usage(ctx, "bench", l); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

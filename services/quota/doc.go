@@ -17,4 +17,13 @@
 // Every check-and-consume runs in one BEGIN IMMEDIATE transaction, which
 // serialises it against all other writers on the same file, in this process
 // or another. Rejected requests are not counted.
+//
+// The file is the truth; each Store keeps an in-memory view of the
+// principals it serves and decides from it. Every write bumps a generation
+// in the file, and a transaction that finds a generation other than its
+// Store's last drops the view and reads the file again, so admission is
+// exact with any number of Stores or processes on one file. get_usage
+// reads only the view: exact with one broker process per state.db (the
+// supported setup); with several, it shows this process's view as of its
+// last write.
 package quota

@@ -3,7 +3,6 @@ package quota
 import (
 	"context"
 	"crypto/rand"
-	"database/sql"
 	"encoding/hex"
 	"fmt"
 	"time"
@@ -22,6 +21,17 @@ type Reservation struct {
 	ms        int64
 }
 
+const (
+	sqlReserve       = `INSERT INTO quota_reservations (id, principal, ms, expires_at) VALUES (?1, ?2, ?3, ?4)`
+	sqlRenew         = `UPDATE quota_reservations SET expires_at = ?1 WHERE id = ?2`
+	sqlSettle        = `DELETE FROM quota_reservations WHERE id = ?1`
+	sqlChargeExpired = `INSERT INTO quota_buckets (principal, kind, window_start, count)
+		SELECT principal, ?1, ?2, sum(ms) FROM quota_reservations
+		WHERE expires_at <= ?3 AND (?4 = '' OR principal = ?4) GROUP BY principal
+		ON CONFLICT (principal, kind, window_start) DO UPDATE SET count = count + excluded.count`
+	sqlDeleteExpired = `DELETE FROM quota_reservations WHERE expires_at <= ?1 AND (?2 = '' OR principal = ?2)`
+)
+
 // ReserveExecution holds d of today's (UTC) execution budget for one run,
 // if d fits beside what was spent and what other live runs hold: several
 // runs started at once can never together reserve more than the budget.
@@ -37,37 +47,59 @@ func (s *Store) ReserveExecution(ctx context.Context, principal string, l Limits
 	want := max(ceilMs(d), 1)
 	dec := Decision{Kind: KindExecution, Limit: limit}
 	var r Reservation
-	err := s.writeTx(ctx, func(tx *sql.Tx, now time.Time) error {
-		nowMs := now.UnixMilli()
-		if err := s.chargeExpired(ctx, tx, principal, now); err != nil {
+	err := s.writeTx(ctx, func(w *write) error {
+		a, err := s.account(w, principal)
+		if err != nil {
 			return err
 		}
-		var used, held, firstExpiry int64
-		err := tx.QueryRowContext(ctx, `SELECT
-			coalesce((SELECT count FROM quota_buckets WHERE principal = ?1 AND kind = ?2 AND window_start = ?3), 0),
-			coalesce(sum(ms), 0), coalesce(min(expires_at), 0)
-			FROM quota_reservations WHERE principal = ?1`,
-			principal, string(KindExecution), windowStart(nowMs, dayMs)).Scan(&used, &held, &firstExpiry)
-		if err != nil {
-			return fmt.Errorf("quota: read execution: %w", err)
+		nowMs := w.now.UnixMilli()
+		day := windowStart(nowMs, dayMs)
+		// Reservations its broker never settled are charged in full.
+		var expired, held, firstExpiry int64
+		for _, h := range a.held {
+			if h.expires <= nowMs {
+				expired += h.ms
+				continue
+			}
+			held += h.ms
+			if firstExpiry == 0 || h.expires < firstExpiry {
+				firstExpiry = h.expires
+			}
 		}
+		if expired > 0 {
+			if err := s.chargeExpired(w, principal); err != nil {
+				return err
+			}
+			w.then(func() {
+				for id, h := range a.held {
+					if h.expires <= nowMs {
+						delete(a.held, id)
+					}
+				}
+				a.add(KindExecution, day, expired)
+			})
+		}
+		used := a.buckets[bucket{KindExecution, day}] + expired
 		dec.Allowed = used+held+want <= limit
 		if !dec.Allowed {
 			dec.Remaining = max(0, limit-used-held)
 			if used+want <= limit && held > 0 {
 				dec.RetryAfter = roundRetry(time.Duration(firstExpiry-nowMs) * time.Millisecond)
 			} else {
-				dec.RetryAfter = roundRetry(nextUTCMidnight(now).Sub(now))
+				dec.RetryAfter = roundRetry(nextUTCMidnight(w.now).Sub(w.now))
 			}
 			return nil
 		}
 		dec.Remaining = limit - used - held - want
 		r = Reservation{ID: newReservationID(), Principal: principal, ms: want}
-		_, err = tx.ExecContext(ctx, `INSERT INTO quota_reservations (id, principal, ms, expires_at) VALUES (?1, ?2, ?3, ?4)`,
-			r.ID, principal, want, nowMs+want+ReservationGrace.Milliseconds())
-		if err != nil {
+		h := hold{ms: want, expires: nowMs + want + ReservationGrace.Milliseconds()}
+		if _, err := w.exec(s.st.reserve, r.ID, principal, h.ms, h.expires); err != nil {
 			return fmt.Errorf("quota: reserve execution: %w", err)
 		}
+		w.then(func() {
+			a.held[r.ID] = h
+			a.trim(KindExecution, day)
+		})
 		return nil
 	})
 	if err != nil {
@@ -83,12 +115,19 @@ func (s *Store) RenewExecution(ctx context.Context, r Reservation) error {
 	if r.ID == "" {
 		return nil
 	}
-	return s.writeTx(ctx, func(tx *sql.Tx, now time.Time) error {
-		_, err := tx.ExecContext(ctx, `UPDATE quota_reservations SET expires_at = ?1 WHERE id = ?2`,
-			now.UnixMilli()+r.ms+ReservationGrace.Milliseconds(), r.ID)
-		if err != nil {
+	return s.writeTx(ctx, func(w *write) error {
+		expires := w.now.UnixMilli() + r.ms + ReservationGrace.Milliseconds()
+		if _, err := w.exec(s.st.renew, expires, r.ID); err != nil {
 			return fmt.Errorf("quota: renew execution: %w", err)
 		}
+		w.then(func() {
+			if a := s.view[r.Principal]; a != nil {
+				if h, ok := a.held[r.ID]; ok {
+					h.expires = expires
+					a.held[r.ID] = h
+				}
+			}
+		})
 		return nil
 	})
 }
@@ -104,9 +143,9 @@ func (s *Store) SettleExecution(ctx context.Context, r Reservation, d time.Durat
 	if r.ID == "" {
 		return nil
 	}
-	spent := ceilMs(d)
-	return s.writeTx(ctx, func(tx *sql.Tx, now time.Time) error {
-		res, err := tx.ExecContext(ctx, `DELETE FROM quota_reservations WHERE id = ?1`, r.ID)
+	return s.writeTx(ctx, func(w *write) error {
+		spent := ceilMs(d)
+		res, err := w.exec(s.st.settle, r.ID)
 		if err != nil {
 			return fmt.Errorf("quota: settle execution: %w", err)
 		}
@@ -115,25 +154,27 @@ func (s *Store) SettleExecution(ctx context.Context, r Reservation, d time.Durat
 		} else if n == 0 {
 			spent = max(0, spent-r.ms)
 		}
+		s.mu.Lock()
+		a := s.view[r.Principal]
+		s.mu.Unlock()
+		if a != nil {
+			w.then(func() { delete(a.held, r.ID) })
+		}
 		if spent == 0 {
 			return nil
 		}
-		return s.add(ctx, tx, r.Principal, KindExecution, windowStart(now.UnixMilli(), dayMs), spent)
+		return s.add(w, a, r.Principal, KindExecution, windowStart(w.now.UnixMilli(), dayMs), spent)
 	})
 }
 
 // chargeExpired charges expired reservations in full and deletes them: the
 // broker that held them stopped before settling, so their runs may have used
 // all of it. An empty principal means every principal.
-func (s *Store) chargeExpired(ctx context.Context, tx *sql.Tx, principal string, now time.Time) error {
-	nowMs := now.UnixMilli()
-	_, err := tx.ExecContext(ctx, `INSERT INTO quota_buckets (principal, kind, window_start, count)
-		SELECT principal, ?1, ?2, sum(ms) FROM quota_reservations
-		WHERE expires_at <= ?3 AND (?4 = '' OR principal = ?4) GROUP BY principal
-		ON CONFLICT (principal, kind, window_start) DO UPDATE SET count = count + excluded.count`,
-		string(KindExecution), windowStart(nowMs, dayMs), nowMs, principal)
+func (s *Store) chargeExpired(w *write, principal string) error {
+	nowMs := w.now.UnixMilli()
+	_, err := w.exec(s.st.chargeExpired, string(KindExecution), windowStart(nowMs, dayMs), nowMs, principal)
 	if err == nil {
-		_, err = tx.ExecContext(ctx, `DELETE FROM quota_reservations WHERE expires_at <= ?1 AND (?2 = '' OR principal = ?2)`, nowMs, principal)
+		_, err = w.exec(s.st.deleteExpired, nowMs, principal)
 	}
 	if err != nil {
 		return fmt.Errorf("quota: expire reservations: %w", err)

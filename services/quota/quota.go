@@ -2,7 +2,6 @@ package quota
 
 import (
 	"context"
-	"database/sql"
 	"fmt"
 	"time"
 )
@@ -41,34 +40,38 @@ func (s *Store) ReserveSandbox(ctx context.Context, principal string, l Limits) 
 	return s.take(ctx, principal, KindSandboxes, hourMs, int64(l.SandboxesPerHour))
 }
 
-// take is the atomic sliding-window check-and-increment.
+// take is the atomic sliding-window check-and-increment, decided from the
+// view inside the write transaction.
 func (s *Store) take(ctx context.Context, principal string, kind Kind, size, limit int64) (Decision, error) {
 	if limit <= 0 {
 		return Decision{}, fmt.Errorf("%w: %s", ErrInvalidLimit, kind)
 	}
 	d := Decision{Kind: kind, Limit: limit}
-	err := s.writeTx(ctx, func(tx *sql.Tx, now time.Time) error {
-		nowMs := now.UnixMilli()
-		cur := windowStart(nowMs, size)
-		prevN, curN, stepped, err := s.pair(ctx, tx, principal, kind, cur-size, cur)
+	err := s.writeTx(ctx, func(w *write) error {
+		a, err := s.account(w, principal)
 		if err != nil {
 			return err
 		}
-		if stepped {
+		nowMs := w.now.UnixMilli()
+		cur := windowStart(nowMs, size)
+		prevN, curN := a.buckets[bucket{kind, cur - size}], a.buckets[bucket{kind, cur}]
+		if a.stepped(kind, cur) {
 			// A bucket after the current window: the wall clock was
 			// stepped back, and the windows it re-enters hold counts from
 			// before the step. They are forgotten, so the budget starts
 			// afresh once instead of refusing for as long as the step.
-			if _, err := tx.ExecContext(ctx, sqlForget, principal, string(kind), cur-size); err != nil {
+			if _, err := w.exec(s.st.forget, principal, string(kind), cur-size); err != nil {
 				return fmt.Errorf("quota: forget %s after a clock step: %w", kind, err)
 			}
+			w.then(func() { a.forget(kind, cur-size) })
 			prevN, curN = 0, 0
 		}
 		d.Allowed, d.Remaining, d.RetryAfter = slide(nowMs-cur, size, limit, prevN, curN)
 		if !d.Allowed {
 			return nil // rejected requests are not counted
 		}
-		return s.add(ctx, tx, principal, kind, cur, 1)
+		w.then(func() { a.trim(kind, cur-size) })
+		return s.add(w, a, principal, kind, cur, 1)
 	})
 	if err != nil {
 		return Decision{}, err
@@ -76,37 +79,47 @@ func (s *Store) take(ctx context.Context, principal string, kind Kind, size, lim
 	return d, nil
 }
 
-// pair reads the counts of the previous and current windows (0 if absent)
-// and whether a later window has a bucket (the clock was stepped back).
-func (s *Store) pair(ctx context.Context, tx *sql.Tx, principal string, kind Kind, prevStart, curStart int64) (prev, cur int64, stepped bool, err error) {
-	rows, err := tx.StmtContext(ctx, s.selectPair).QueryContext(ctx, principal, string(kind), prevStart)
-	if err != nil {
-		return 0, 0, false, fmt.Errorf("quota: read %s: %w", kind, err)
-	}
-	defer rows.Close()
-	for rows.Next() {
-		var start, n int64
-		if err := rows.Scan(&start, &n); err != nil {
-			return 0, 0, false, fmt.Errorf("quota: read %s: %w", kind, err)
-		}
-		switch {
-		case start == curStart:
-			cur = n
-		case start == prevStart:
-			prev = n
-		default:
-			stepped = true
+// stepped reports a bucket of kind after the window starting at cur.
+func (a *account) stepped(kind Kind, cur int64) bool {
+	for b := range a.buckets {
+		if b.kind == kind && b.start > cur {
+			return true
 		}
 	}
-	if err := rows.Err(); err != nil {
-		return 0, 0, false, fmt.Errorf("quota: read %s: %w", kind, err)
-	}
-	return prev, cur, stepped, nil
+	return false
 }
 
-func (s *Store) add(ctx context.Context, tx *sql.Tx, principal string, kind Kind, start, n int64) error {
-	if _, err := tx.StmtContext(ctx, s.upsert).ExecContext(ctx, principal, string(kind), start, n); err != nil {
+// forget drops kind's buckets from start on (the view's side of sqlForget).
+func (a *account) forget(kind Kind, start int64) {
+	for b := range a.buckets {
+		if b.kind == kind && b.start >= start {
+			delete(a.buckets, b)
+		}
+	}
+}
+
+// trim drops kind's buckets before start, which no decision needs again
+// unless the clock steps back (covers then says to read the file).
+func (a *account) trim(kind Kind, start int64) {
+	if a.from[kind] >= start {
+		return
+	}
+	for b := range a.buckets {
+		if b.kind == kind && b.start < start {
+			delete(a.buckets, b)
+		}
+	}
+	a.from[kind] = start
+}
+
+// add counts n more in principal's bucket, in the file and then the view
+// (a is nil when the view does not hold the principal).
+func (s *Store) add(w *write, a *account, principal string, kind Kind, start, n int64) error {
+	if _, err := w.exec(s.st.add, principal, string(kind), start, n); err != nil {
 		return fmt.Errorf("quota: record %s: %w", kind, err)
+	}
+	if a != nil {
+		w.then(func() { a.add(kind, start, n) })
 	}
 	return nil
 }

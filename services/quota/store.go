@@ -5,7 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"sync/atomic"
+	"sync"
 	"time"
 
 	"github.com/sandbox-broker/sandbox-broker/services/statedb"
@@ -37,15 +37,21 @@ CREATE TABLE IF NOT EXISTS quota_reservations (
 	expires_at INTEGER NOT NULL  -- unix ms; charged in full if still held then
 );
 CREATE INDEX IF NOT EXISTS quota_reservations_principal ON quota_reservations (principal);
-`}}
+`,
+	// 2: a generation every write to the quota tables bumps, so a Store
+	// knows whether its in-memory view still matches the file.
+	`CREATE TABLE quota_generation (
+	one INTEGER PRIMARY KEY CHECK (one = 1),
+	gen INTEGER NOT NULL
+);
+INSERT INTO quota_generation (one, gen) VALUES (1, 0);`,
+}}
 
 const (
-	// From the previous window on: normally that and the current one; a
-	// later one means the wall clock was stepped back (see take).
-	sqlSelectPair = `SELECT window_start, count FROM quota_buckets
-		WHERE principal = ?1 AND kind = ?2 AND window_start >= ?3`
-	sqlForget = `DELETE FROM quota_buckets WHERE principal = ?1 AND kind = ?2 AND window_start >= ?3`
-	sqlAdd    = `INSERT INTO quota_buckets (principal, kind, window_start, count)
+	sqlGeneration = `SELECT gen FROM quota_generation`
+	sqlBump       = `UPDATE quota_generation SET gen = gen + 1`
+	sqlForget     = `DELETE FROM quota_buckets WHERE principal = ?1 AND kind = ?2 AND window_start >= ?3`
+	sqlAdd        = `INSERT INTO quota_buckets (principal, kind, window_start, count)
 		VALUES (?1, ?2, ?3, ?4)
 		ON CONFLICT (principal, kind, window_start) DO UPDATE SET count = count + excluded.count`
 	sqlPrune = `DELETE FROM quota_buckets WHERE window_start < ?1`
@@ -55,14 +61,36 @@ const (
 // positive: a zero limit is treated as a caller bug, not as "unlimited".
 var ErrInvalidLimit = errors.New("quota: limit must be positive")
 
-// Store holds quota counters in a SQLite database file. It is safe for
-// concurrent use, and several Stores (or processes) may share one file.
+// Store holds quota counters in a SQLite database file, the truth, and an
+// in-memory view of the principals it has seen. It is safe for concurrent
+// use, and several Stores (or processes) may share one file.
+//
+// Decisions are taken from the view inside a write transaction that first
+// checks the file's generation: another writer since this Store's last
+// write (a second Store or process) means the view is dropped and read
+// again, so admission stays exact however many share the file. Usage reads
+// only the view: exact with one Store (one broker process) per state.db;
+// with several, it shows this Store's view as of its last write.
 type Store struct {
-	db     *sql.DB
-	now    func() time.Time
-	writes atomic.Uint64
-	// Prepared once: parsing SQL was a third of AllowCall's cost.
-	selectPair, upsert *sql.Stmt
+	db  *sql.DB
+	now func() time.Time
+	st  statements
+
+	// wmu serialises this Store's write transactions; the view changes
+	// only under it (and mu).
+	wmu    sync.Mutex
+	gen    int64  // the file's generation after this Store's last write; -1 unknown
+	writes uint64 // write transactions, for pruneEvery
+
+	mu   sync.Mutex // guards view for readers
+	view map[string]*account
+}
+
+// statements are the Store's prepared statements.
+type statements struct {
+	generation, bump, loadBuckets, loadHeld, add, forget, prune *sql.Stmt
+	reserve, renew, settle, chargeExpired, deleteExpired, ping  *sql.Stmt
+	all                                                         statedb.Stmts
 }
 
 // Open opens the state database at path (shared with other packages; see
@@ -76,89 +104,141 @@ func Open(ctx context.Context, path string, now func() time.Time) (*Store, error
 	if err != nil {
 		return nil, fmt.Errorf("quota: %w", err)
 	}
-	s := &Store{db: db, now: now}
-	if err := s.init(ctx); err != nil {
+	s := &Store{db: db, now: now, gen: -1, view: map[string]*account{}}
+	st := &s.st
+	st.all, err = statedb.Prepare(ctx, db,
+		statedb.Query{Dst: &st.generation, SQL: sqlGeneration},
+		statedb.Query{Dst: &st.bump, SQL: sqlBump},
+		statedb.Query{Dst: &st.loadBuckets, SQL: sqlLoadBuckets},
+		statedb.Query{Dst: &st.loadHeld, SQL: sqlLoadHeld},
+		statedb.Query{Dst: &st.add, SQL: sqlAdd},
+		statedb.Query{Dst: &st.forget, SQL: sqlForget},
+		statedb.Query{Dst: &st.prune, SQL: sqlPrune},
+		statedb.Query{Dst: &st.reserve, SQL: sqlReserve},
+		statedb.Query{Dst: &st.renew, SQL: sqlRenew},
+		statedb.Query{Dst: &st.settle, SQL: sqlSettle},
+		statedb.Query{Dst: &st.chargeExpired, SQL: sqlChargeExpired},
+		statedb.Query{Dst: &st.deleteExpired, SQL: sqlDeleteExpired},
+		statedb.Query{Dst: &st.ping, SQL: `SELECT count(*) FROM (SELECT 1 FROM quota_buckets LIMIT 1)`})
+	if err != nil {
+		db.Close()
+		return nil, fmt.Errorf("quota: %w", err)
+	}
+	// Settle what a stopped broker left.
+	if err := s.writeTx(ctx, func(w *write) error { return s.pruneIn(w) }); err != nil {
 		s.Close()
-		return nil, err
+		return nil, fmt.Errorf("quota: init: %w", err)
 	}
 	return s, nil
 }
 
-func (s *Store) init(ctx context.Context) error {
-	tx, err := s.db.BeginTx(ctx, nil)
-	if err != nil {
-		return fmt.Errorf("quota: init: %w", err)
-	}
-	defer tx.Rollback()
-	if err := s.prune(ctx, tx, s.now()); err != nil {
-		return err
-	}
-	if err := tx.Commit(); err != nil {
-		return fmt.Errorf("quota: init: %w", err)
-	}
-	if s.selectPair, err = s.db.PrepareContext(ctx, sqlSelectPair); err != nil {
-		return fmt.Errorf("quota: prepare: %w", err)
-	}
-	if s.upsert, err = s.db.PrepareContext(ctx, sqlAdd); err != nil {
-		return fmt.Errorf("quota: prepare: %w", err)
-	}
-	return nil
-}
-
 // Close releases the database.
 func (s *Store) Close() error {
-	for _, st := range []*sql.Stmt{s.selectPair, s.upsert} {
-		if st != nil {
-			st.Close()
-		}
+	err := s.st.all.Close()
+	if cerr := s.db.Close(); cerr != nil {
+		err = errors.Join(err, fmt.Errorf("quota: close: %w", cerr))
 	}
-	if err := s.db.Close(); err != nil {
-		return fmt.Errorf("quota: close: %w", err)
-	}
-	return nil
+	return err
 }
 
 // Ping reports whether the database is reachable and the quota table is
 // readable (for health checks).
 func (s *Store) Ping(ctx context.Context) error {
 	var n int
-	err := s.db.QueryRowContext(ctx, `SELECT count(*) FROM (SELECT 1 FROM quota_buckets LIMIT 1)`).Scan(&n)
-	if err != nil {
+	if err := s.st.ping.QueryRowContext(ctx).Scan(&n); err != nil {
 		return fmt.Errorf("quota: ping: %w", err)
 	}
 	return nil
 }
 
-// prune deletes old buckets and charges expired execution reservations
-// (at Open this settles what a stopped broker left).
-func (s *Store) prune(ctx context.Context, tx *sql.Tx, now time.Time) error {
-	if _, err := tx.ExecContext(ctx, sqlPrune, now.Add(-retention).UnixMilli()); err != nil {
-		return fmt.Errorf("quota: prune: %w", err)
-	}
-	return s.chargeExpired(ctx, tx, "", now)
+// write is one write transaction. What it changes in the file it also
+// queues for the view, which takes the changes only once they commit.
+type write struct {
+	ctx     context.Context
+	tx      *sql.Tx
+	now     time.Time
+	changed bool     // bump the generation
+	apply   []func() // view changes, run under mu after the commit
+	pruned  bool     // other principals changed: drop the view
 }
 
-// writeTx runs fn in a BEGIN IMMEDIATE transaction (see dsn) and commits,
-// pruning old buckets on every pruneEvery-th write. The clock is read once
-// the write lock is held, so time spent waiting for another writer cannot
-// file an increment under a window that has already ended.
-func (s *Store) writeTx(ctx context.Context, fn func(tx *sql.Tx, now time.Time) error) error {
+// exec runs a prepared statement that changes the file.
+func (w *write) exec(st *sql.Stmt, args ...any) (sql.Result, error) {
+	w.changed = true
+	return w.tx.StmtContext(w.ctx, st).ExecContext(w.ctx, args...)
+}
+
+// then queues a view change for after the commit.
+func (w *write) then(f func()) { w.apply = append(w.apply, f) }
+
+// writeTx runs fn in a BEGIN IMMEDIATE transaction (see statedb) and
+// commits, pruning old buckets on every pruneEvery-th write. The clock is
+// read once the write lock is held, so time spent waiting for another
+// writer cannot file an increment under a window that has already ended.
+// A generation other than this Store's last drops the view first.
+func (s *Store) writeTx(ctx context.Context, fn func(w *write) error) error {
+	s.wmu.Lock()
+	defer s.wmu.Unlock()
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	// Once begun it runs to the end: waiting for another process's lock
+	// is bounded by busy_timeout, and a ctx the driver could cancel costs
+	// a goroutine per statement.
+	ctx = context.WithoutCancel(ctx)
 	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
 		return fmt.Errorf("quota: begin: %w", err)
 	}
 	defer tx.Rollback()
-	now := s.now()
-	if err := fn(tx, now); err != nil {
+	var gen int64
+	if err := tx.StmtContext(ctx, s.st.generation).QueryRowContext(ctx).Scan(&gen); err != nil {
+		return fmt.Errorf("quota: read generation: %w", err)
+	}
+	if gen != s.gen {
+		s.mu.Lock()
+		clear(s.view)
+		s.mu.Unlock()
+		s.gen = gen
+	}
+	w := &write{ctx: ctx, tx: tx, now: s.now()}
+	if err := fn(w); err != nil {
 		return err
 	}
-	if s.writes.Add(1)%pruneEvery == 0 {
-		if err := s.prune(ctx, tx, now); err != nil {
+	if s.writes++; s.writes%pruneEvery == 0 {
+		if err := s.pruneIn(w); err != nil {
 			return err
 		}
 	}
+	if w.changed {
+		if _, err := w.exec(s.st.bump); err != nil {
+			return fmt.Errorf("quota: bump generation: %w", err)
+		}
+	}
 	if err := tx.Commit(); err != nil {
+		s.gen = -1 // the outcome is unknown: read the file again next time
 		return fmt.Errorf("quota: commit: %w", err)
 	}
+	if w.changed {
+		s.gen++
+	}
+	s.mu.Lock()
+	for _, f := range w.apply {
+		f()
+	}
+	if w.pruned {
+		clear(s.view)
+	}
+	s.mu.Unlock()
 	return nil
+}
+
+// pruneIn deletes old buckets and charges expired execution reservations
+// of every principal (at Open this settles what a stopped broker left).
+func (s *Store) pruneIn(w *write) error {
+	if _, err := w.exec(s.st.prune, w.now.Add(-retention).UnixMilli()); err != nil {
+		return fmt.Errorf("quota: prune: %w", err)
+	}
+	w.pruned = true
+	return s.chargeExpired(w, "")
 }

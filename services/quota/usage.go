@@ -2,7 +2,6 @@ package quota
 
 import (
 	"context"
-	"fmt"
 	"time"
 )
 
@@ -18,58 +17,47 @@ type Usage struct {
 	ExecutionRemaining    time.Duration
 }
 
-const sqlUsage = `SELECT kind, window_start, count FROM quota_buckets
-	WHERE principal = ?1 AND (
-		(kind = ?2 AND window_start IN (?3, ?4)) OR
-		(kind = ?5 AND window_start IN (?6, ?7)) OR
-		(kind = ?8 AND window_start = ?9))`
-
-// Usage reports consumption against l without consuming anything. Limits
-// that are zero report zero remaining rather than an error, so a partial
-// Limits still yields the usage figures.
+// Usage reports consumption against l without consuming anything, from
+// the view: the file is read only for a principal the view does not hold
+// yet (see Store). Limits that are zero report zero remaining rather than
+// an error, so a partial Limits still yields the usage figures.
 func (s *Store) Usage(ctx context.Context, principal string, l Limits) (Usage, error) {
-	nowMs := s.now().UnixMilli()
+	now := s.now()
+	nowMs := now.UnixMilli()
+	s.mu.Lock()
+	a, ok := s.cached(principal, nowMs)
+	var u Usage
+	if ok {
+		u = a.usage(nowMs, l)
+	}
+	s.mu.Unlock()
+	if ok {
+		return u, nil
+	}
+	err := s.writeTx(ctx, func(w *write) error {
+		a, err := s.account(w, principal)
+		if err == nil {
+			u = a.usage(nowMs, l)
+		}
+		return err
+	})
+	if err != nil {
+		return Usage{}, err
+	}
+	return u, nil
+}
+
+// usage is Usage from a's buckets.
+func (a *account) usage(nowMs int64, l Limits) Usage {
 	minute := windowStart(nowMs, minuteMs)
 	hour := windowStart(nowMs, hourMs)
 	day := windowStart(nowMs, dayMs)
-
-	rows, err := s.db.QueryContext(ctx, sqlUsage, principal,
-		string(KindCalls), minute-minuteMs, minute,
-		string(KindSandboxes), hour-hourMs, hour,
-		string(KindExecution), day)
-	if err != nil {
-		return Usage{}, fmt.Errorf("quota: read usage: %w", err)
-	}
-	defer rows.Close()
-	var callsPrev, callsCur, sbPrev, sbCur, execMs int64
-	for rows.Next() {
-		var kind string
-		var start, n int64
-		if err := rows.Scan(&kind, &start, &n); err != nil {
-			return Usage{}, fmt.Errorf("quota: read usage: %w", err)
-		}
-		switch {
-		case Kind(kind) == KindCalls && start == minute:
-			callsCur = n
-		case Kind(kind) == KindCalls:
-			callsPrev = n
-		case Kind(kind) == KindSandboxes && start == hour:
-			sbCur = n
-		case Kind(kind) == KindSandboxes:
-			sbPrev = n
-		default:
-			execMs = n
-		}
-	}
-	if err := rows.Err(); err != nil {
-		return Usage{}, fmt.Errorf("quota: read usage: %w", err)
-	}
-
-	u := Usage{ExecutionUsedToday: time.Duration(execMs) * time.Millisecond}
-	u.CallsUsedLastMinute, u.CallsRemaining = used(nowMs-minute, minuteMs, int64(l.CallsPerMinute), callsPrev, callsCur)
-	u.SandboxesUsedLastHour, u.SandboxesRemaining = used(nowMs-hour, hourMs, int64(l.SandboxesPerHour), sbPrev, sbCur)
+	n := func(k Kind, start int64) int64 { return a.buckets[bucket{k, start}] }
+	u := Usage{ExecutionUsedToday: time.Duration(n(KindExecution, day)) * time.Millisecond}
+	u.CallsUsedLastMinute, u.CallsRemaining = used(nowMs-minute, minuteMs, int64(l.CallsPerMinute), n(KindCalls, minute-minuteMs), n(KindCalls, minute))
+	u.SandboxesUsedLastHour, u.SandboxesRemaining = used(nowMs-hour, hourMs, int64(l.SandboxesPerHour), n(KindSandboxes, hour-hourMs), n(KindSandboxes, hour))
 	u.ExecutionRemaining = max(0, l.ExecutionPerDay.Truncate(time.Millisecond)-u.ExecutionUsedToday)
-	return u, nil
+	return u
 }
 
 // used is the sliding-window estimate rounded up, and what is left of limit.

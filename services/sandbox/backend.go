@@ -63,6 +63,9 @@ type ExecResult struct {
 	Exception *Exception
 	// Kernel is set for notebook runs.
 	Kernel *KernelStatus
+	// Backend names the backend that ran it when it is not the broker's
+	// configured one (a Fallback's secondary); "" means Backend.Name().
+	Backend string
 }
 
 // Display is one rich output as a MIME bundle; image values are decoded

@@ -50,16 +50,25 @@ type Options struct {
 type Manager struct {
 	o    Options
 	db   *sql.DB
+	st   statements
 	mu   sync.Mutex
 	live map[string]*live // by workspace ID
+}
+
+// statements are the Manager's prepared statements for what every call
+// does.
+type statements struct {
+	lookup, owner, insert, touch *sql.Stmt
+	all                          statedb.Stmts
 }
 
 type live struct {
 	mu      sync.Mutex // serialises calls within one session
 	sess    sandbox.Session
 	lastUse time.Time
-	gone    bool // released or destroyed while someone waited on mu
-	pins    int  // live jobs: the session is not idle while any runs
+	gone    bool  // released or destroyed while someone waited on mu
+	pins    int   // live jobs: the session is not idle while any runs
+	stored  int64 // last_used_at as last written (unix seconds)
 }
 
 // Lease is exclusive use of one session until Release.
@@ -126,7 +135,18 @@ func Open(ctx context.Context, o Options) (*Manager, error) {
 		db.Close()
 		return nil, err
 	}
-	return &Manager{o: o, db: db, live: map[string]*live{}}, nil
+	m := &Manager{o: o, db: db, live: map[string]*live{}}
+	st := &m.st
+	st.all, err = statedb.Prepare(ctx, db,
+		statedb.Query{Dst: &st.lookup, SQL: `SELECT workspace_id FROM sessions WHERE principal = ? AND session_id = ?`},
+		statedb.Query{Dst: &st.owner, SQL: `SELECT principal, session_id FROM sessions WHERE workspace_id = ?`},
+		statedb.Query{Dst: &st.insert, SQL: `INSERT INTO sessions(principal, session_id, workspace_id, created_at, last_used_at) VALUES(?,?,?,?,?)`},
+		statedb.Query{Dst: &st.touch, SQL: `UPDATE sessions SET last_used_at = ? WHERE workspace_id = ?`})
+	if err != nil {
+		db.Close()
+		return nil, fmt.Errorf("sessions: %w", err)
+	}
+	return m, nil
 }
 
 // Close releases every live session's compute and closes the table.
@@ -143,7 +163,7 @@ func (m *Manager) Close(ctx context.Context) error {
 		m.mu.Unlock()
 		l.mu.Unlock()
 	}
-	return m.db.Close()
+	return errors.Join(m.st.all.Close(), m.db.Close())
 }
 
 // Ping checks the table.
@@ -231,7 +251,7 @@ func notFound(id string) error {
 
 func (m *Manager) lookup(ctx context.Context, principal, id string) (string, error) {
 	var wid string
-	err := m.db.QueryRowContext(ctx, `SELECT workspace_id FROM sessions WHERE principal = ? AND session_id = ?`, principal, id).Scan(&wid)
+	err := m.st.lookup.QueryRowContext(ctx, principal, id).Scan(&wid)
 	return wid, err
 }
 
@@ -239,7 +259,7 @@ func (m *Manager) lookup(ctx context.Context, principal, id string) (string, err
 // SandboxNotFound when it belongs to none (for signed uploads, whose link
 // names only the workspace).
 func (m *Manager) Owner(ctx context.Context, wid string) (principal, sessionID string, err error) {
-	err = m.db.QueryRowContext(ctx, `SELECT principal, session_id FROM sessions WHERE workspace_id = ?`, wid).Scan(&principal, &sessionID)
+	err = m.st.owner.QueryRowContext(ctx, wid).Scan(&principal, &sessionID)
 	switch {
 	case errors.Is(err, sql.ErrNoRows):
 		return "", "", brokererr.New(brokererr.SandboxNotFound, "no session owns this workspace")
@@ -252,8 +272,7 @@ func (m *Manager) Owner(ctx context.Context, wid string) (principal, sessionID s
 func (m *Manager) insert(ctx context.Context, principal, id string) (string, error) {
 	wid := files.NewWorkspaceID()
 	now := m.o.Now().Unix()
-	_, err := m.db.ExecContext(ctx, `INSERT INTO sessions(principal, session_id, workspace_id, created_at, last_used_at) VALUES(?,?,?,?,?)`,
-		principal, id, wid, now, now)
+	_, err := m.st.insert.ExecContext(ctx, principal, id, wid, now, now)
 	if err != nil {
 		// A concurrent create of the same ID won; use its row.
 		if existing, lerr := m.lookup(ctx, principal, id); lerr == nil {
@@ -291,17 +310,31 @@ func (m *Manager) Active() int {
 	return len(m.live)
 }
 
+// touch marks the session used now, in memory and in the table; the
+// table keeps whole seconds, so a second call within the same second
+// writes nothing.
 func (m *Manager) touch(wid string) {
 	now := m.o.Now()
 	m.mu.Lock()
-	if l, ok := m.live[wid]; ok {
+	l, ok := m.live[wid]
+	if ok {
 		l.lastUse = now
 	}
+	stored := ok && l.stored == now.Unix()
 	m.mu.Unlock()
+	if stored {
+		return
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	if _, err := m.db.ExecContext(ctx, `UPDATE sessions SET last_used_at = ? WHERE workspace_id = ?`, now.Unix(), wid); err != nil {
+	if _, err := m.st.touch.ExecContext(ctx, now.Unix(), wid); err != nil {
 		m.o.Log.Warn().Str("workspace_id", wid).Msg("session_touch_failed")
+		return
+	}
+	if ok {
+		m.mu.Lock()
+		l.stored = now.Unix()
+		m.mu.Unlock()
 	}
 }
 

@@ -227,7 +227,7 @@ func TestUnversionedStateDBUpgrades(t *testing.T) {
 		_ = rows.Scan(&v)
 		versions = append(versions, v)
 	}
-	want := "jobs=1 oauth=1 projects=1 quota=1 sessions=1 uids=1 upgrade_test=1"
+	want := "jobs=1 oauth=1 projects=1 quota=2 sessions=1 uids=1 upgrade_test=1"
 	if got := strings.Join(versions, " "); got != want {
 		t.Fatalf("schema versions %q, want %q", got, want)
 	}

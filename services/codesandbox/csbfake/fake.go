@@ -26,6 +26,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"path/filepath"
 	"reflect"
 	"regexp"
 	"slices"
@@ -60,7 +61,8 @@ type Request struct {
 }
 
 // PitcherCall is one recorded agent request, or with FromAgent a
-// notification the agent sent (only setup/progress is recorded).
+// notification the agent sent (setup/progress, and the real shell's
+// shell/out and shell/exit).
 type PitcherCall struct {
 	SandboxID string
 	Method    string
@@ -97,12 +99,16 @@ type Limits struct {
 // Server is the fake.
 type Server struct {
 	t      testing.TB
+	dir    string // VMs' file systems
+	nfs    int
 	key    string
 	srv    *httptest.Server
 	ctx    context.Context
 	cancel context.CancelFunc
 	mux    *http.ServeMux
 	wsWG   sync.WaitGroup
+	// shellWG tracks real shells, which outlive their connection.
+	shellWG sync.WaitGroup
 
 	mu          sync.Mutex
 	reqs        []Request
@@ -119,13 +125,17 @@ type Server struct {
 	noStatus    bool          // responses without the status key
 	agentScheme string        // of pitcher_url: "ws" (default) or "http"
 	setupHold   chan struct{} // while open, VM setup does not start (HoldSetup)
+	realShell   bool          // WithRealShell
+	capDrop     bool          // WithUnprivilegedShell
+	restDelay   time.Duration // WithLatency
+	agentDelay  time.Duration
 	// changed is closed and replaced whenever state may have changed, so
 	// Await wakes on events instead of polling.
 	changed chan struct{}
 }
 
 // New starts a fake that accepts apiKey; it is closed when the test ends.
-func New(t testing.TB, apiKey string) *Server {
+func New(t testing.TB, apiKey string, opts ...Option) *Server {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &Server{
@@ -139,7 +149,11 @@ func New(t testing.TB, apiKey string) *Server {
 		changed:     make(chan struct{}),
 		agentScheme: "ws",
 	}
-	s.sandboxes[UniversalTemplate] = newSandbox(UniversalTemplate, "Universal", true)
+	s.dir = t.TempDir()
+	for _, o := range opts {
+		o(s)
+	}
+	s.sandboxes[UniversalTemplate] = s.newSandbox(UniversalTemplate, "Universal", true, nil)
 	s.routes()
 	s.srv = httptest.NewServer(http.HandlerFunc(s.serve))
 	t.Cleanup(s.Close)
@@ -153,9 +167,16 @@ func (s *Server) bumpLocked() {
 }
 
 // Await returns nil once cond holds, checking it again after every
-// request, agent message, ping and connection change; ctx bounds the wait.
-// cond may call the Server's accessors.
+// request, agent message, ping and connection change, and with the real
+// shell (whose commands change files without telling the fake) every
+// awaitTick too; ctx bounds the wait. cond may call the Server's accessors.
 func (s *Server) Await(ctx context.Context, cond func() bool) error {
+	var tick <-chan time.Time
+	if s.realShell {
+		t := time.NewTicker(awaitTick)
+		defer t.Stop()
+		tick = t.C
+	}
 	for {
 		s.mu.Lock()
 		ch := s.changed
@@ -165,17 +186,43 @@ func (s *Server) Await(ctx context.Context, cond func() bool) error {
 		}
 		select {
 		case <-ch:
+		case <-tick:
 		case <-ctx.Done():
 			return ctx.Err()
 		}
 	}
 }
 
+const awaitTick = 20 * time.Millisecond
+
 // Close stops the fake, dropping agent connections first.
 func (s *Server) Close() {
+	s.mu.Lock()
+	for _, sb := range s.sandboxes {
+		for _, sh := range sb.shells {
+			sh.kill()
+		}
+	}
+	s.mu.Unlock()
 	s.cancel()
 	s.wsWG.Wait()
+	s.shellWG.Wait()
 	s.srv.Close()
+}
+
+// DropConnections closes the agent connections of sandbox id as a network
+// failure would: the VM and what runs in it carry on. It reports how many
+// it closed.
+func (s *Server) DropConnections(id string) int {
+	s.mu.Lock()
+	sb := s.sandboxes[id]
+	var conns []*agentConn
+	if sb != nil {
+		conns = slices.Collect(maps.Keys(sb.conns))
+	}
+	s.mu.Unlock()
+	closeConns(conns, false)
+	return len(conns)
 }
 
 // URL is the management API base URL.
@@ -250,7 +297,7 @@ func (s *Server) Pings() int {
 func (s *Server) AddTemplate(id string, files map[string][]byte, port int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	sb := newSandbox(id, "Template "+id, true)
+	sb := s.newSandbox(id, "Template "+id, true, nil)
 	for p, b := range files {
 		sb.fs.write(sb.fs.abs(p), b, true)
 	}
@@ -288,7 +335,7 @@ func (s *Server) Sandbox(id string) (SandboxState, bool) {
 		ID: sb.id, Title: sb.title, Privacy: sb.privacy, PrivatePreview: sb.privatePreview,
 		Tags: slices.Clone(sb.tags), Path: sb.path, Running: sb.running, Deleted: sb.deleted,
 		Tier: sb.tier, HibernationSec: sb.hibernationSec, Bootups: slices.Clone(sb.bootups),
-		Files: maps.Clone(sb.fs.files), PreviewTokens: len(sb.previewTokens), Connections: len(sb.conns),
+		Files: sb.fs.files(), PreviewTokens: len(sb.previewTokens), Connections: len(sb.conns),
 	}, true
 }
 
@@ -347,7 +394,7 @@ type sandbox struct {
 	previewTokens  []string
 	conns          map[*agentConn]struct{}
 
-	fs         *memFS
+	fs         *vmFS
 	devPort    int
 	devLog     []string
 	setupTasks []string // setup task commands (SetSetupTasks)
@@ -356,11 +403,28 @@ type sandbox struct {
 	nshell     int
 }
 
-func newSandbox(id, title string, template bool) *sandbox {
+// newSandbox makes a sandbox whose VM file system is a copy of src's (a
+// fresh one when src is nil), in a directory of its own. The caller holds
+// s.mu.
+func (s *Server) newSandbox(id, title string, template bool, src *vmFS) *sandbox {
 	now := time.Now().UTC().Truncate(time.Second)
+	s.nfs++
+	dir := filepath.Join(s.dir, strconv.Itoa(s.nfs)+"-"+id)
+	var vfs *vmFS
+	var err error
+	if src != nil {
+		vfs, err = src.clone(dir)
+	} else {
+		vfs, err = newFS(dir)
+	}
+	if err != nil {
+		s.t.Errorf("csbfake: VM file system: %v", err)
+		vfs, _ = newFS(filepath.Join(s.dir, "broken-"+randHex(4)))
+	}
+	s.t.Cleanup(vfs.close)
 	return &sandbox{
 		id: id, title: title, template: template, created: now, updated: now, path: "/",
-		tags: []string{}, conns: map[*agentConn]struct{}{}, fs: newFS(), shells: map[string]*shell{},
+		tags: []string{}, conns: map[*agentConn]struct{}{}, fs: vfs, shells: map[string]*shell{},
 	}
 }
 
@@ -463,6 +527,15 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 	if over {
 		s.tooMany(sw, &Fault{Budget: "requests"})
 		return
+	}
+	if d, _ := s.latency(); d > 0 {
+		t := time.NewTimer(d)
+		select {
+		case <-t.C:
+		case <-r.Context().Done():
+			t.Stop()
+			return
+		}
 	}
 	s.headers(sw, nil)
 	r.Body = io.NopCloser(bytes.NewReader(body))
@@ -943,7 +1016,7 @@ func (s *Server) fork(w http.ResponseWriter, r *http.Request) {
 	for s.sandboxes[id] != nil {
 		id = randID(6)
 	}
-	sb := newSandbox(id, src.title+" (forked)", false)
+	sb := s.newSandbox(id, src.title+" (forked)", false, src.fs)
 	sb.privacy, sb.description, sb.isFrozen = src.privacy, src.description, src.isFrozen
 	if req.Title != nil {
 		sb.title = *req.Title
@@ -966,7 +1039,6 @@ func (s *Server) fork(w http.ResponseWriter, r *http.Request) {
 	if req.Tags != nil {
 		sb.tags = slices.Clone(req.Tags)
 	}
-	sb.fs = src.fs.clone()
 	sb.devPort = src.devPort
 	sb.setupTasks = slices.Clone(src.setupTasks)
 	s.sandboxes[id] = sb

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -24,6 +25,7 @@ const (
 	codeFeatureUnavailable = 1
 	codeNoAccess           = 2
 	codeRawFS              = 102
+	codeShellClosed        = 201
 	codeShellNotFound      = 204
 )
 
@@ -32,6 +34,42 @@ type agentConn struct {
 	c         *websocket.Conn
 	sandboxID string
 	ctx       context.Context
+	srv       *Server
+	// out carries the agent's messages, in order, to the sender, which
+	// holds each back by the injected latency.
+	out chan outgoing
+}
+
+type outgoing struct {
+	due time.Time
+	b   []byte
+}
+
+// sender writes queued messages once due, until the connection ends.
+func (ac *agentConn) sender() {
+	for {
+		select {
+		case <-ac.ctx.Done():
+			return
+		case m := <-ac.out:
+			if d := time.Until(m.due); d > 0 {
+				t := time.NewTimer(d)
+				select {
+				case <-t.C:
+				case <-ac.ctx.Done():
+					t.Stop()
+					return
+				}
+			}
+			ac.write(m.b)
+		}
+	}
+}
+
+func (ac *agentConn) write(b []byte) {
+	ctx, cancel := context.WithTimeout(ac.ctx, 5*time.Second)
+	defer cancel()
+	_ = ac.c.Write(ctx, websocket.MessageBinary, b)
 }
 
 func (ac *agentConn) send(v any) {
@@ -39,9 +77,11 @@ func (ac *agentConn) send(v any) {
 	if err != nil {
 		return
 	}
-	ctx, cancel := context.WithTimeout(ac.ctx, 5*time.Second)
-	defer cancel()
-	_ = ac.c.Write(ctx, websocket.MessageBinary, b)
+	_, delay := ac.srv.latency()
+	select {
+	case ac.out <- outgoing{time.Now().Add(delay), b}:
+	case <-ac.ctx.Done():
+	}
 }
 
 func (ac *agentConn) notify(method string, params any) {
@@ -52,7 +92,9 @@ func (ac *agentConn) notify(method string, params any) {
 func closeConns(conns []*agentConn, hibernate bool) {
 	for _, ac := range conns {
 		if hibernate {
-			ac.notify("system/hibernate", map[string]any{})
+			if b, err := msgpack.Marshal(map[string]any{"method": "system/hibernate", "params": map[string]any{}}); err == nil {
+				ac.write(b)
+			}
 		}
 		_ = ac.c.CloseNow()
 	}
@@ -110,7 +152,8 @@ func (s *Server) servePitcher(w http.ResponseWriter, r *http.Request) int {
 	c.SetReadLimit(64 << 20)
 	ctx, cancel := context.WithCancel(s.ctx)
 	defer cancel()
-	ac := &agentConn{c: c, sandboxID: id, ctx: ctx}
+	ac := &agentConn{c: c, sandboxID: id, ctx: ctx, srv: s, out: make(chan outgoing, 4096)}
+	go ac.sender()
 	s.mu.Lock()
 	sb.conns[ac] = struct{}{}
 	s.bumpLocked()
@@ -270,7 +313,7 @@ func (s *Server) handle(ac *agentConn, sb *sandbox, method string, raw msgpack.R
 		s.mu.Lock()
 		defer s.mu.Unlock()
 		full := sb.fs.abs(p.Path)
-		_, exists := sb.fs.files[full]
+		exists := sb.fs.isFile(full)
 		switch {
 		case exists && p.Overwrite != nil && !*p.Overwrite:
 			return nil, nil, fsErr(errEEXIST, "file exists")
@@ -292,38 +335,57 @@ func (s *Server) handle(ac *agentConn, sb *sandbox, method string, raw msgpack.R
 		s.mu.Lock()
 		defer s.mu.Unlock()
 		full := sb.fs.abs(p.Path)
-		b, isFile := sb.fs.files[full]
-		isDir := sb.fs.dirs[full]
-		if !isFile && !isDir {
-			return nil, nil, fsErr(errENOENT, "no such file or directory")
-		}
 		switch method {
 		case "fs/readFile":
-			if isDir {
-				return nil, nil, fsErr(errEISDIR, "is a directory")
+			b, e := sb.fs.read(full)
+			if e != 0 {
+				return nil, nil, fsErr(e, "cannot read "+full)
 			}
-			return map[string]any{"content": slices.Clone(b)}, nil, nil
+			return map[string]any{"content": b}, nil, nil
 		case "fs/stat":
-			typ := 0
-			if isDir {
+			st, e := sb.fs.stat(full)
+			if e != 0 {
+				return nil, nil, fsErr(e, "no such file or directory")
+			}
+			typ, ms := 0, st.mtime.UnixMilli()
+			if st.dir {
 				typ = 1
 			}
-			now := time.Now().UnixMilli()
-			return map[string]any{"type": typ, "isSymlink": false, "size": len(b), "mtime": now, "ctime": now, "atime": now}, nil, nil
+			return map[string]any{"type": typ, "isSymlink": st.symlink, "size": st.size, "mtime": ms, "ctime": ms, "atime": ms}, nil, nil
 		default:
-			if !isDir {
+			if sb.fs.isFile(full) {
 				return nil, nil, fsErr(errENOTDIR, "not a directory")
 			}
-			var entries []map[string]any
-			for _, name := range sb.fs.list(full) {
+			ents, e := sb.fs.entries(full)
+			if e != 0 {
+				return nil, nil, fsErr(e, "no such file or directory")
+			}
+			entries := []map[string]any{}
+			for _, de := range ents {
 				t := 0
-				if sb.fs.dirs[full+"/"+name] {
+				if de.dir {
 					t = 1
 				}
-				entries = append(entries, map[string]any{"name": name, "type": t, "isSymlink": false})
+				entries = append(entries, map[string]any{"name": de.name, "type": t, "isSymlink": de.symlink})
 			}
 			return map[string]any{"entries": entries}, nil, nil
 		}
+
+	case "fs/remove":
+		// FSRemoveParams, pitcher-protocol/messages/fs.d.ts:195-203.
+		var p struct {
+			Path      string `msgpack:"path"`
+			Recursive *bool  `msgpack:"recursive"`
+		}
+		if err := decodeStrict(raw, &p); err != nil || p.Path == "" {
+			return bad(fmt.Errorf("path is required: %v", err))
+		}
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		if e := sb.fs.remove(sb.fs.abs(p.Path), p.Recursive != nil && *p.Recursive); e != 0 {
+			return nil, nil, fsErr(e, "cannot remove "+p.Path)
+		}
+		return map[string]any{}, nil, nil
 
 	case "fs/mkdir":
 		var p struct {
@@ -371,7 +433,40 @@ func (s *Server) handle(ac *agentConn, sb *sandbox, method string, raw msgpack.R
 		sb.shells[sh.id] = sh
 		dto := sh.dto(true)
 		s.mu.Unlock()
+		if s.realShell { // the terminal exists once the shell is created
+			run := s.startReal(ac, sb, sh, cwd)
+			return dto, func() { go run() }, nil
+		}
 		return dto, func() { go s.runShell(ac, sb, sh, cwd) }, nil
+
+	case "shell/in":
+		// ShellIn, pitcher-protocol/messages/shell.d.ts:52-59: input goes
+		// to the terminal; the result is null.
+		var p struct {
+			ShellID string     `msgpack:"shellId"`
+			Input   *string    `msgpack:"input"`
+			Size    *sizeParam `msgpack:"size"`
+		}
+		if err := decodeStrict(raw, &p); err != nil || p.ShellID == "" || p.Input == nil || p.Size == nil {
+			return bad(fmt.Errorf("shellId, input and size are required: %v", err))
+		}
+		s.mu.Lock()
+		sh := sb.shells[p.ShellID]
+		var tty *os.File
+		if sh != nil {
+			tty = sh.tty
+		}
+		s.mu.Unlock()
+		switch {
+		case sh == nil:
+			return nil, nil, &agentError{code: codeShellNotFound, msg: "shell not found"}
+		case tty == nil:
+			return nil, nil, &agentError{code: codeShellClosed, msg: "shell is not running"}
+		}
+		if _, err := tty.WriteString(*p.Input); err != nil {
+			return nil, nil, &agentError{code: codeShellClosed, msg: "shell is not running"}
+		}
+		return nil, nil, nil
 
 	case "shell/list":
 		if err := decodeStrict(raw, &struct{}{}); err != nil {
@@ -471,6 +566,7 @@ type shell struct {
 	buffer                 []string
 	killed                 chan struct{}
 	once                   sync.Once
+	tty                    *os.File // the terminal's input (real shell)
 }
 
 func (sh *shell) kill() {

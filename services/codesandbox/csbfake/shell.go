@@ -81,7 +81,7 @@ func ShellWords(s string) ([]string, error) {
 // runCommand interprets the tiny command set the fake VM knows: `npm run
 // build`, `cat`, `echo`, `ls` and `sleep`, optionally wrapped in `bash -c
 // '…'`. Anything else exits 127. The caller holds the server lock.
-func runCommand(fs *memFS, line, cwd string) (out string, code int, wait time.Duration) {
+func runCommand(fs *vmFS, line, cwd string) (out string, code int, wait time.Duration) {
 	argv, err := ShellWords(line)
 	if err != nil {
 		return "bash: " + err.Error() + "\n", 2, 0
@@ -102,9 +102,9 @@ func runCommand(fs *memFS, line, cwd string) (out string, code int, wait time.Du
 		code := 0
 		for _, a := range argv[1:] {
 			p := absFrom(cwd, a)
-			if c, ok := fs.files[p]; ok {
+			if c, e := fs.read(p); e == 0 {
 				b.Write(c)
-			} else if fs.dirs[p] {
+			} else if e == errEISDIR {
 				fmt.Fprintf(&b, "cat: %s: Is a directory\n", a)
 				code = 1
 			} else {
@@ -118,10 +118,10 @@ func runCommand(fs *memFS, line, cwd string) (out string, code int, wait time.Du
 		if len(argv) > 1 {
 			dir = absFrom(cwd, argv[1])
 		}
-		if _, ok := fs.files[dir]; ok {
+		if fs.isFile(dir) {
 			return argv[1] + "\n", 0, 0
 		}
-		if !fs.dirs[dir] {
+		if !fs.isDir(dir) {
 			return fmt.Sprintf("ls: cannot access '%s': No such file or directory\n", argv[1]), 2, 0
 		}
 		names := fs.list(dir)
@@ -147,10 +147,10 @@ func runCommand(fs *memFS, line, cwd string) (out string, code int, wait time.Du
 // npmBuild is a deterministic stand-in for a bundler: it needs
 // package.json with a build script and writes dist/index.html from
 // index.html, or from the src/ files when there is none.
-func npmBuild(fs *memFS, cwd string) (string, int, time.Duration) {
+func npmBuild(fs *vmFS, cwd string) (string, int, time.Duration) {
 	pkgPath := path.Join(cwd, "package.json")
-	raw, ok := fs.files[pkgPath]
-	if !ok {
+	raw, e := fs.read(pkgPath)
+	if e != 0 {
 		return "npm error code ENOENT\nnpm error syscall open\nnpm error path " + pkgPath +
 			"\nnpm error errno -2\nnpm error enoent Could not read package.json: Error: ENOENT: no such file or directory, open '" + pkgPath + "'\n", 1, 0
 	}
@@ -164,14 +164,15 @@ func npmBuild(fs *memFS, cwd string) (string, int, time.Duration) {
 	if !ok {
 		return "npm error Missing script: \"build\"\n", 1, 0
 	}
-	html, ok := fs.files[path.Join(cwd, "index.html")]
-	if !ok {
+	html, e := fs.read(path.Join(cwd, "index.html"))
+	if e != 0 {
 		var b strings.Builder
 		b.WriteString("<!doctype html>\n<html><body>\n<script type=\"module\">\n")
 		prefix := path.Join(cwd, "src") + "/"
-		for _, p := range sortedKeys(fs.files) {
+		all := fs.files()
+		for _, p := range sortedKeys(all) {
 			if rest, ok := strings.CutPrefix(p, prefix); ok {
-				fmt.Fprintf(&b, "// src/%s\n%s\n", rest, fs.files[p])
+				fmt.Fprintf(&b, "// src/%s\n%s\n", rest, all[p])
 			}
 		}
 		b.WriteString("</script>\n</body></html>\n")
