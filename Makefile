@@ -37,13 +37,16 @@ fuzz-smoke:
 # Package micro-benchmarks, then the end-to-end engine figures (p50/p95
 # through MCP HTTP, with docker-run, fresh-interpreter and bare Jupyter
 # kernel baselines, and get_usage calls/s from 8 clients beside
-# resources/templates/list), then signed download/upload throughput (MB/s
-# beside http.FileServer), then hosted sessions against the CodeSandbox
-# fake with injected latencies (beside one API call, one agent call and a
-# bare command through the agent).
+# resources/templates/list), cold starts, session bursts, warm TypeScript
+# and idle memory (beside docker run / docker exec), then signed
+# download/upload throughput (MB/s beside http.FileServer), then hosted
+# sessions against the CodeSandbox fake with injected latencies (beside
+# one API call, one agent call and a bare command through the agent).
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem -count=1 ./audit/ ./services/quota/ ./services/agent/ ./services/process/ ./services/rootfs/ ./middleware/...
 	$(GO) test -run '^$$' -bench 'BenchmarkEngine|BenchmarkNotebook|BenchmarkUsageThroughput' -benchtime 40x -count=1 ./tests/
+	$(GO) test -run '^$$' -bench 'BenchmarkColdStart|BenchmarkTypeScriptWarm' -benchtime 20x -count=1 ./tests/
+	$(GO) test -run '^$$' -bench 'BenchmarkSessionBurst|BenchmarkIdleMemory' -benchtime 1x -count=1 ./tests/
 	$(GO) test -run '^$$' -bench BenchmarkSignedFiles -benchtime 8x -count=1 ./tests/
 	$(GO) test -run '^$$' -bench BenchmarkHostedSession -benchtime 20x -count=1 ./services/codesandbox/hosted/
 

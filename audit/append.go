@@ -2,24 +2,30 @@ package audit
 
 import (
 	"context"
+	"crypto/hmac"
+	"database/sql"
 	"errors"
 	"fmt"
 	"time"
 
 	"golang.org/x/mod/sumdb/tlog"
+
+	"github.com/sandbox-broker/sandbox-broker/services/statedb"
 )
 
 // Append writes r as the next row and returns its seq. An intent row is
 // durable (fsynced) when Append returns; an outcome row is committed: it
 // is visible to readers and survives the broker's crash at once, and a
 // power loss once the next intent row, the next checkpoint or SyncDelay
-// has synced the log (see syncer). Any error means the row must be
+// has synced the log (see syncer; on PostgreSQL every row is durable
+// once committed, see committed). Any error means the row must be
 // treated as not written and the caller should refuse the action. If the
 // row was written but the checkpoint its batch triggered failed, Append
 // returns the seq and the checkpoint error.
 //
 // Concurrent callers' rows are written by one writer goroutine in one
-// transaction, so they share one fsync (group commit).
+// transaction, so they share one fsync (group commit); on PostgreSQL,
+// one commit under the audit advisory lock.
 func (l *Log) Append(ctx context.Context, r Record) (int64, error) {
 	rec, err := normalise(r)
 	if err != nil {
@@ -100,10 +106,7 @@ func (l *Log) writeBatch(batch []*pending) {
 	// No deadline: the driver would watch it with a goroutine per
 	// statement, and a deadline cannot cut a write the disk holds up.
 	ctx := context.Background()
-	rows, err := l.chain(live)
-	if err == nil {
-		err = l.insert(ctx, rows)
-	}
+	rows, err := l.insert(ctx, live)
 	if err != nil {
 		// Resynchronise in case the commit outcome is unknown; the chain
 		// trigger rejects anything that does not follow the stored tail.
@@ -166,16 +169,39 @@ func (l *Log) chain(batch []*pending) ([]row, error) {
 	return rows, nil
 }
 
-// insert writes rows and their tree hashes in one transaction with the
-// prepared statements.
-func (l *Log) insert(ctx context.Context, rows []row) error {
+// insert chains batch onto the stored tail and writes the rows and their
+// tree hashes in one transaction with the prepared statements. The
+// transaction holds the store's write lock from its start (BEGIN
+// IMMEDIATE; on PostgreSQL the audit advisory lock), so on a store that
+// broker replicas share the tail cannot move before it commits. A tail
+// this Log did not write is verified before anything is chained onto it.
+func (l *Log) insert(ctx context.Context, batch []*pending) ([]row, error) {
 	tx, err := l.db.BeginTx(ctx, nil)
 	if err != nil {
-		return fmt.Errorf("audit: begin: %w", err)
+		return nil, fmt.Errorf("audit: begin: %w", statedb.Classify(err))
 	}
 	defer tx.Rollback()
 	ins, tree := tx.StmtContext(ctx, l.stmts.insertRow), tx.StmtContext(ctx, l.stmts.insertHash)
-	hr := hashReader{ctx: ctx, stmt: tx.StmtContext(ctx, l.stmts.readHash)}
+	readHash := tx.StmtContext(ctx, l.stmts.readHash)
+	var tailSeq int64
+	var tailMAC []byte
+	err = tx.StmtContext(ctx, l.stmts.tail).QueryRowContext(ctx).Scan(&tailSeq, &tailMAC)
+	if errors.Is(err, sql.ErrNoRows) {
+		tailSeq, tailMAC, err = 0, zeroMAC, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("audit: read tail: %w", statedb.Classify(err))
+	}
+	if tailSeq != l.lastSeq || !hmac.Equal(tailMAC, l.lastMAC) {
+		if err := l.loadStateFrom(ctx, tx, readHash); err != nil {
+			return nil, err
+		}
+	}
+	rows, err := l.chain(batch)
+	if err != nil {
+		return nil, err
+	}
+	hr := hashReader{ctx: ctx, stmt: readHash}
 	prev := l.lastMAC
 	for _, w := range rows {
 		r, o := w.p.rec, w.p.rec.Source
@@ -183,24 +209,24 @@ func (l *Log) insert(ctx context.Context, rows []row) error {
 			string(r.Outcome), r.ErrorCode, r.DurationMS, w.leaf[:], prev, w.mac, l.opts.Keys.KeyID,
 			bodyVersion, o.Transport, o.ClientAddr, o.UserAgent, o.MCPSession, o.Toolset)
 		if err != nil {
-			return fmt.Errorf("audit: insert seq %d: %w", w.seq, err)
+			return nil, fmt.Errorf("audit: insert seq %d: %w", w.seq, statedb.Classify(err))
 		}
 		hashes, err := tlog.StoredHashesForRecordHash(w.seq-1, w.leaf, hr)
 		if err != nil {
-			return fmt.Errorf("audit: tree hashes: %w", err)
+			return nil, fmt.Errorf("audit: tree hashes: %w", statedb.Classify(err))
 		}
 		base := tlog.StoredHashIndex(0, w.seq-1)
 		for i, h := range hashes {
 			if _, err := tree.ExecContext(ctx, base+int64(i), h[:]); err != nil {
-				return fmt.Errorf("audit: insert tree hash: %w", err)
+				return nil, fmt.Errorf("audit: insert tree hash: %w", statedb.Classify(err))
 			}
 		}
 		prev = w.mac
 	}
 	if err := tx.Commit(); err != nil {
-		return fmt.Errorf("audit: commit seq %d: %w", rows[len(rows)-1].seq, err)
+		return nil, fmt.Errorf("audit: commit seq %d: %w", rows[len(rows)-1].seq, statedb.Classify(err))
 	}
-	return nil
+	return rows, nil
 }
 
 // Checkpoint signs the current tree head and appends it to the checkpoint
@@ -238,7 +264,7 @@ func (l *Log) writeCheckpoint(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("audit: sign checkpoint: %w", err)
 	}
-	if err := appendCheckpoint(l.opts.CheckpointPath, msg); err != nil {
+	if err := appendCheckpoint(l.opts.CheckpointPath, n, msg); err != nil {
 		return err
 	}
 	l.cpSize = n
@@ -260,8 +286,15 @@ func (l *Log) Ping(ctx context.Context) error {
 	if err := l.stmts.lastSeq.QueryRowContext(ctx).Scan(&last); err != nil {
 		return fmt.Errorf("audit: ping: %w", err)
 	}
-	if last != l.lastSeq {
+	switch {
+	case last < l.lastSeq:
 		return fmt.Errorf("%w: last seq is %d, expected %d", ErrIntegrity, last, l.lastSeq)
+	case last > l.lastSeq:
+		// Rows this Log did not write: another replica's, which must
+		// verify (an outside writer's would not).
+		if err := l.loadState(ctx); err != nil {
+			return err
+		}
 	}
 	return errors.Join(l.cpErr, l.wal.failed())
 }

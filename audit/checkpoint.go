@@ -6,6 +6,7 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -14,6 +15,7 @@ import (
 
 	"golang.org/x/mod/sumdb/note"
 	"golang.org/x/mod/sumdb/tlog"
+	"golang.org/x/sys/unix"
 )
 
 // Origin is the first line of every checkpoint.
@@ -124,19 +126,30 @@ func readCheckpoints(path string, v note.Verifier) (cps []checkpoint, problem st
 	return cps, "", nil
 }
 
-// appendCheckpoint appends one signed note plus a blank separator line and
-// fsyncs, so a checkpoint never claims rows that are not yet durable: the
-// caller only writes checkpoints for committed rows. A failed write (a
-// full disk writes part of the note) is cut off again, so the file never
-// holds half a note that the next one would be read as part of.
-func appendCheckpoint(path string, msg []byte) error {
+// appendCheckpoint appends one signed note for a tree of treeSize rows
+// plus a blank separator line and fsyncs, so a checkpoint never claims
+// rows that are not yet durable: the caller only writes checkpoints for
+// committed rows. A failed write (a full disk writes part of the note) is
+// cut off again, so the file never holds half a note that the next one
+// would be read as part of. Broker replicas on one host may share the
+// file: writers take turns (flock), and a note is skipped when the file
+// already ends with one for a tree as large, keeping sizes in order.
+func appendCheckpoint(path string, treeSize int64, msg []byte) error {
 	_, statErr := os.Stat(path)
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_APPEND|os.O_CREATE, 0o600)
 	if err != nil {
 		return fmt.Errorf("audit: open checkpoints: %w", err)
 	}
+	// The lock goes with the descriptor at Close.
+	err = unix.Flock(int(f.Fd()), unix.LOCK_EX)
+	if last, ok := lastCheckpointSize(f); err == nil && ok && last >= treeSize {
+		return f.Close()
+	}
 	var size int64
-	st, err := f.Stat()
+	var st os.FileInfo
+	if err == nil {
+		st, err = f.Stat()
+	}
 	if err == nil {
 		size = st.Size()
 		_, err = f.Write(append(bytes.Clone(msg), '\n'))
@@ -161,4 +174,20 @@ func appendCheckpoint(path string, msg []byte) error {
 		return syncDir(filepath.Dir(path))
 	}
 	return nil
+}
+
+// lastCheckpointSize is the tree size the file's last note states (its
+// signature is checked by readers, not here: this only orders writers).
+func lastCheckpointSize(f *os.File) (int64, bool) {
+	data, err := io.ReadAll(io.NewSectionReader(f, 0, 1<<40))
+	if err != nil {
+		return 0, false
+	}
+	notes := splitNotes(data)
+	if len(notes) == 0 {
+		return 0, false
+	}
+	text, _, _ := strings.Cut(string(notes[len(notes)-1]), "\n\n")
+	size, _, err := parseCheckpointText(text + "\n")
+	return size, err == nil
 }

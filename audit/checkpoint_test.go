@@ -32,7 +32,9 @@ func sizes(cps []checkpoint) []int64 {
 	return s
 }
 
-func TestCheckpointEveryNAndOnClose(t *testing.T) {
+func TestCheckpointEveryNAndOnClose(t *testing.T) { eachStore(t, testCheckpointEveryNAndOnClose) }
+
+func testCheckpointEveryNAndOnClose(t *testing.T, newFixture func(testing.TB) *fixture) {
 	f := newFixture(t)
 	f.opts.CheckpointEvery = 10
 	l := f.open(t)

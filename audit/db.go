@@ -14,6 +14,7 @@ import (
 	_ "modernc.org/sqlite" // registers driver "sqlite"
 
 	"github.com/sandbox-broker/sandbox-broker/services/migrate"
+	"github.com/sandbox-broker/sandbox-broker/services/statedb"
 )
 
 // migrations take audit.db from one schema version, stored in PRAGMA
@@ -107,8 +108,12 @@ func openDB(path string, q url.Values) (*sql.DB, error) {
 	return db, nil
 }
 
-// openWriter opens the single writer connection.
+// openWriter opens the writer: a PostgreSQL pool when path is a
+// DATABASE_URL, else the single SQLite writer connection.
 func openWriter(ctx context.Context, path string) (*sql.DB, error) {
+	if statedb.IsPostgresURL(path) {
+		return openPostgresWriter(ctx, path)
+	}
 	// Create the file ourselves so it starts at 0600; SQLite gives the -wal
 	// and -shm files the database file's permissions.
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
@@ -159,7 +164,7 @@ func createSchema(ctx context.Context, db *sql.DB) error {
 	if v != 0 {
 		// A dropped trigger means someone else wrote to the file; the
 		// check comes before any migration could hide it.
-		missing, err := missingTriggers(ctx, tx)
+		missing, err := missingTriggers(ctx, tx, false)
 		if err != nil {
 			return err
 		}
@@ -177,11 +182,15 @@ func createSchema(ctx context.Context, db *sql.DB) error {
 var triggers = []string{"audit_no_update", "audit_no_delete", "audit_chain",
 	"audit_tree_no_update", "audit_tree_no_delete", "audit_tree_dense"}
 
-func missingTriggers(ctx context.Context, q querier) ([]string, error) {
+func missingTriggers(ctx context.Context, q querier, postgres bool) ([]string, error) {
+	query := "SELECT count(*) FROM sqlite_schema WHERE type = 'trigger' AND name = ?"
+	if postgres {
+		query = "SELECT count(*) FROM pg_trigger WHERE tgname = ? AND tgenabled != 'D' AND NOT tgisinternal"
+	}
 	var missing []string
 	for _, name := range triggers {
 		var n int
-		err := q.QueryRowContext(ctx, "SELECT count(*) FROM sqlite_schema WHERE type = 'trigger' AND name = ?", name).Scan(&n)
+		err := q.QueryRowContext(ctx, query, name).Scan(&n)
 		if err != nil {
 			return nil, err
 		}
@@ -197,8 +206,12 @@ func missingTriggers(ctx context.Context, q querier) ([]string, error) {
 var ErrNoDatabase = errors.New("audit: database does not exist")
 
 // openReader opens path read-only (mode=ro plus query_only), never creating
-// or modifying it, and returns the query that selects its rows.
+// or modifying it, and returns the query that selects its rows. A
+// DATABASE_URL is opened as it is; readers use read-only transactions.
 func openReader(ctx context.Context, path string) (*sql.DB, string, error) {
+	if statedb.IsPostgresURL(path) {
+		return openPostgresReader(ctx, path)
+	}
 	if _, err := os.Stat(path); err != nil {
 		if errors.Is(err, fs.ErrNotExist) {
 			return nil, "", fmt.Errorf("%w: %s", ErrNoDatabase, path)

@@ -35,7 +35,9 @@ func jsonLines(t *testing.T, out []byte) []Entry {
 	return es
 }
 
-func TestTailAndExport(t *testing.T) {
+func TestTailAndExport(t *testing.T) { eachStore(t, testTailAndExport) }
+
+func testTailAndExport(t *testing.T, newFixture func(testing.TB) *fixture) {
 	f := newFixture(t)
 	l := f.open(t)
 	fill(t, l, 12)

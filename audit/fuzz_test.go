@@ -94,8 +94,14 @@ func FuzzAppendVerify(f *testing.F) {
 	})
 }
 
+// BenchmarkAppend is one audit row on each store (SQLite with
+// synchronous=FULL; PostgreSQL on loopback, under the advisory lock).
 func BenchmarkAppend(b *testing.B) {
-	f := newFixture(b)
+	b.Run("sqlite", func(b *testing.B) { benchmarkAppend(b, newFixture(b)) })
+	b.Run("postgres", func(b *testing.B) { benchmarkAppend(b, newPostgresFixture(b)) })
+}
+
+func benchmarkAppend(b *testing.B, f *fixture) {
 	f.opts.CheckpointEvery = 256
 	l := f.open(b)
 	defer l.Close()

@@ -9,6 +9,11 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5/stdlib"
+
+	"github.com/sandbox-broker/sandbox-broker/services/statedb"
+	"github.com/sandbox-broker/sandbox-broker/services/statedb/statedbtest"
 )
 
 // testKeys creates a fresh key set under a temp root.
@@ -45,10 +50,28 @@ type fixture struct {
 
 func newFixture(t testing.TB) *fixture {
 	t.Helper()
-	k, _ := testKeys(t)
 	dir := t.TempDir()
+	return newFixtureAt(t, dir, filepath.Join(dir, "audit.db"))
+}
+
+// newPostgresFixture keeps the log in a fresh PostgreSQL database.
+func newPostgresFixture(t testing.TB) *fixture {
+	t.Helper()
+	return newFixtureAt(t, t.TempDir(), statedbtest.PostgresURL(t))
+}
+
+// eachStore runs fn with fixtures on each store: the SQLite file and a
+// PostgreSQL database.
+func eachStore(t *testing.T, fn func(t *testing.T, newFixture func(testing.TB) *fixture)) {
+	t.Run("sqlite", func(t *testing.T) { fn(t, newFixture) })
+	t.Run("postgres", func(t *testing.T) { fn(t, newPostgresFixture) })
+}
+
+func newFixtureAt(t testing.TB, dir, path string) *fixture {
+	t.Helper()
+	k, _ := testKeys(t)
 	return &fixture{dir: dir, keys: k, opts: Options{
-		Path:               filepath.Join(dir, "audit.db"),
+		Path:               path,
 		CheckpointPath:     filepath.Join(dir, "audit.checkpoints"),
 		Keys:               k,
 		CheckpointEvery:    1000,
@@ -111,11 +134,16 @@ func testRecord(i int) Record {
 	return r
 }
 
-// rawDB opens the file the way an attacker would: a plain connection with
-// none of the app's pragmas.
+// rawDB opens the store the way an attacker would: a plain connection with
+// none of the app's pragmas (on PostgreSQL, the dialect layer's
+// placeholders only, so tamper statements are written once).
 func rawDB(t testing.TB, path string) *sql.DB {
 	t.Helper()
-	db, err := sql.Open("sqlite", path)
+	open := func() (*sql.DB, error) { return sql.Open("sqlite", path) }
+	if statedb.IsPostgresURL(path) {
+		open = func() (*sql.DB, error) { return statedb.OpenPostgres(path, 0) }
+	}
+	db, err := open()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -134,6 +162,15 @@ func mustExec(t testing.TB, db *sql.DB, q string, args ...any) {
 func dropTriggers(t testing.TB, db *sql.DB) {
 	t.Helper()
 	for _, tr := range []string{"audit_no_update", "audit_no_delete", "audit_chain"} {
-		mustExec(t, db, "DROP TRIGGER "+tr)
+		if isPostgres(db) {
+			mustExec(t, db, "DROP TRIGGER "+tr+" ON audit")
+		} else {
+			mustExec(t, db, "DROP TRIGGER "+tr)
+		}
 	}
+}
+
+func isPostgres(db *sql.DB) bool {
+	_, ok := db.Driver().(*stdlib.Driver)
+	return ok
 }

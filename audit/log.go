@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"golang.org/x/mod/sumdb/tlog"
+
+	"github.com/sandbox-broker/sandbox-broker/services/statedb"
 )
 
 // Errors callers may test with errors.Is.
@@ -53,8 +55,8 @@ type Log struct {
 	queue      chan *pending
 	writerDone chan struct{}
 
-	// wal makes committed rows durable (see syncer).
-	wal *syncer
+	// wal makes committed rows durable (see durability).
+	wal durability
 
 	// sem serialises the writer, checkpoints and Close; a channel so
 	// waiting honours ctx.
@@ -133,7 +135,11 @@ func Open(ctx context.Context, opts Options) (*Log, error) {
 		}
 		l.cpSize = cps[len(cps)-1].Size
 	}
-	l.wal = startSyncer(opts.Path+"-wal", l.lastSeq, opts.SyncDelay, opts.syncDone)
+	if statedb.IsPostgresURL(opts.Path) {
+		l.wal = committed{}
+	} else {
+		l.wal = startSyncer(opts.Path+"-wal", l.lastSeq, opts.SyncDelay, opts.syncDone)
+	}
 	l.startTimer()
 	l.startWriter()
 	return l, nil
@@ -142,7 +148,14 @@ func Open(ctx context.Context, opts Options) (*Log, error) {
 // loadState reads the last row, checks its MAC and its link to the row
 // before it, and checks the stored tree is as long as the log.
 func (l *Log) loadState(ctx context.Context) error {
-	rows, err := l.db.QueryContext(ctx, selectRow+" ORDER BY seq DESC LIMIT 2")
+	return l.loadStateFrom(ctx, l.db, l.stmts.readHash)
+}
+
+// loadStateFrom is loadState through q and readHash, which may be the
+// append's transaction and its statement (another replica appended since
+// this Log's last row).
+func (l *Log) loadStateFrom(ctx context.Context, q queryer, readHash *sql.Stmt) error {
+	rows, err := q.QueryContext(ctx, selectRow+" ORDER BY seq DESC LIMIT 2")
 	if err != nil {
 		return fmt.Errorf("audit: read tail: %w", err)
 	}
@@ -161,7 +174,7 @@ func (l *Log) loadState(ctx context.Context) error {
 	}
 	l.lastSeq, l.lastMAC, l.lastTS = 0, zeroMAC, time.Time{}
 	if len(tail) == 0 {
-		return l.checkTreeSize(ctx, 0)
+		return checkTreeSize(ctx, q, 0)
 	}
 	last := tail[0]
 	prev := zeroMAC
@@ -187,12 +200,12 @@ func (l *Log) loadState(ctx context.Context) error {
 		return fmt.Errorf("%w: bad timestamp at seq %d", ErrIntegrity, last.Seq)
 	}
 	l.lastSeq, l.lastMAC, l.lastTS = last.Seq, last.MAC, ts
-	if err := l.checkTreeSize(ctx, last.Seq); err != nil {
+	if err := checkTreeSize(ctx, q, last.Seq); err != nil {
 		return err
 	}
 	// The stored tree must end with this row's leaf, or checkpoints signed
 	// from it would not cover what the table holds.
-	h, err := hashReader{ctx: ctx, stmt: l.stmts.readHash}.ReadHashes([]int64{tlog.StoredHashIndex(0, last.Seq-1)})
+	h, err := hashReader{ctx: ctx, stmt: readHash}.ReadHashes([]int64{tlog.StoredHashIndex(0, last.Seq-1)})
 	if err != nil {
 		return fmt.Errorf("audit: read tree: %w", err)
 	}
@@ -202,9 +215,9 @@ func (l *Log) loadState(ctx context.Context) error {
 	return nil
 }
 
-func (l *Log) checkTreeSize(ctx context.Context, n int64) error {
+func checkTreeSize(ctx context.Context, q querier, n int64) error {
 	var next int64
-	if err := l.db.QueryRowContext(ctx, "SELECT coalesce(max(idx), -1) + 1 FROM audit_tree").Scan(&next); err != nil {
+	if err := q.QueryRowContext(ctx, "SELECT coalesce(max(idx), -1) + 1 FROM audit_tree").Scan(&next); err != nil {
 		return fmt.Errorf("audit: read tree: %w", err)
 	}
 	if next != tlog.StoredHashCount(n) {
@@ -236,8 +249,14 @@ type querier interface {
 	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
 }
 
+// queryer is a querier that also returns row sets.
+type queryer interface {
+	querier
+	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
+}
+
 // hashReader reads stored tree hashes for tlog with the prepared
-// readHash statement (of the writer's connection or transaction).
+// readHash statement (of the writer's pool or transaction).
 type hashReader struct {
 	ctx  context.Context
 	stmt *sql.Stmt

@@ -12,7 +12,9 @@ import (
 	"time"
 )
 
-func TestAppendRoundTrip(t *testing.T) {
+func TestAppendRoundTrip(t *testing.T) { eachStore(t, testAppendRoundTrip) }
+
+func testAppendRoundTrip(t *testing.T, newFixture func(testing.TB) *fixture) {
 	f := newFixture(t)
 	l := f.open(t)
 	want := fill(t, l, 7)
@@ -69,7 +71,9 @@ func recordsEqual(a, b Record) bool {
 		a.ErrorCode == b.ErrorCode && a.DurationMS == b.DurationMS && a.Source == b.Source
 }
 
-func TestAppendConcurrent(t *testing.T) {
+func TestAppendConcurrent(t *testing.T) { eachStore(t, testAppendConcurrent) }
+
+func testAppendConcurrent(t *testing.T, newFixture func(testing.TB) *fixture) {
 	f := newFixture(t)
 	f.opts.CheckpointEvery = 128
 	l := f.open(t)
@@ -140,7 +144,9 @@ func TestAppendRejectsInvalid(t *testing.T) {
 	}
 }
 
-func TestTimestampsNeverGoBackwards(t *testing.T) {
+func TestTimestampsNeverGoBackwards(t *testing.T) { eachStore(t, testTimestampsNeverGoBackwards) }
+
+func testTimestampsNeverGoBackwards(t *testing.T, newFixture func(testing.TB) *fixture) {
 	f := newFixture(t)
 	base := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	times := []time.Time{base.Add(time.Hour), base, base.Add(2 * time.Hour)}
@@ -201,7 +207,9 @@ func TestTimestampsHoldAcrossReopenWithClockBehind(t *testing.T) {
 	}
 }
 
-func TestClosedLog(t *testing.T) {
+func TestClosedLog(t *testing.T) { eachStore(t, testClosedLog) }
+
+func testClosedLog(t *testing.T, newFixture func(testing.TB) *fixture) {
 	f := newFixture(t)
 	l := f.open(t)
 	fill(t, l, 1)
@@ -222,7 +230,9 @@ func TestClosedLog(t *testing.T) {
 	}
 }
 
-func TestReopenContinuesChain(t *testing.T) {
+func TestReopenContinuesChain(t *testing.T) { eachStore(t, testReopenContinuesChain) }
+
+func testReopenContinuesChain(t *testing.T, newFixture func(testing.TB) *fixture) {
 	f := newFixture(t)
 	l := f.open(t)
 	fill(t, l, 5)

@@ -30,7 +30,7 @@ type Filter struct {
 // where is f's SQL condition on the columns alone (time bounds become seq
 // bounds, see seqBounds) and its arguments.
 func (f Filter) where() (string, []any) {
-	conds, args := []string{"1"}, []any{}
+	conds, args := []string{"1 = 1"}, []any{}
 	for _, c := range []struct{ col, v string }{
 		{"principal", f.Principal}, {"tool", f.Tool}, {"outcome", f.Outcome},
 		{"error_code", f.ErrorCode}, {"call_id", f.CallID},

@@ -8,7 +8,9 @@ import (
 	"time"
 )
 
-func TestQueryFiltersAndPages(t *testing.T) {
+func TestQueryFiltersAndPages(t *testing.T) { eachStore(t, testQueryFiltersAndPages) }
+
+func testQueryFiltersAndPages(t *testing.T, newFixture func(testing.TB) *fixture) {
 	f := newFixture(t)
 	l := f.open(t)
 	defer l.Close()
@@ -118,7 +120,9 @@ func seqs(es []Entry) []int64 {
 	return out
 }
 
-func TestReadRowAndHead(t *testing.T) {
+func TestReadRowAndHead(t *testing.T) { eachStore(t, testReadRowAndHead) }
+
+func testReadRowAndHead(t *testing.T, newFixture func(testing.TB) *fixture) {
 	f := newFixture(t)
 	l := f.open(t)
 	fill(t, l, 6)

@@ -16,6 +16,12 @@ import (
 // (and at n), then hands the attacker a raw connection without triggers.
 func tampered(t *testing.T, n, cpEvery int) (*fixture, *sql.DB) {
 	t.Helper()
+	return tamperedOn(t, newFixture, n, cpEvery)
+}
+
+// tamperedOn is tampered on the store newFixture makes.
+func tamperedOn(t *testing.T, newFixture func(testing.TB) *fixture, n, cpEvery int) (*fixture, *sql.DB) {
+	t.Helper()
 	f := newFixture(t)
 	f.opts.CheckpointEvery = cpEvery
 	l := f.open(t)
@@ -52,54 +58,58 @@ func wantOpenRefused(t *testing.T, f *fixture) {
 }
 
 // Case 47: edit a row's logical column.
-func TestTamperEditRow(t *testing.T) {
+func TestTamperEditRow(t *testing.T) { eachStore(t, testTamperEditRow) }
+
+func testTamperEditRow(t *testing.T, newFixture func(testing.TB) *fixture) {
 	for _, col := range []string{"principal", "tool", "call_id", "phase", "outcome", "error_code", "ts"} {
 		t.Run(col, func(t *testing.T) {
-			f, db := tampered(t, 20, 8)
+			f, db := tamperedOn(t, newFixture, 20, 8)
 			mustExec(t, db, "UPDATE audit SET "+col+" = 'x' || "+col+" WHERE seq = 11")
 			wantBad(t, f.verify(t), 11, "mac mismatch")
 		})
 	}
 	t.Run("params", func(t *testing.T) {
-		f, db := tampered(t, 20, 8)
+		f, db := tamperedOn(t, newFixture, 20, 8)
 		mustExec(t, db, `UPDATE audit SET params = '{"cmd":"rm -rf /"}' WHERE seq = 4`)
 		wantBad(t, f.verify(t), 4, "mac mismatch")
 	})
 	t.Run("params whitespace", func(t *testing.T) {
-		f, db := tampered(t, 20, 8)
+		f, db := tamperedOn(t, newFixture, 20, 8)
 		mustExec(t, db, `UPDATE audit SET params = ' ' || params WHERE seq = 4`)
 		wantBad(t, f.verify(t), 4, "mac mismatch")
 	})
 	t.Run("duration", func(t *testing.T) {
-		f, db := tampered(t, 20, 8)
+		f, db := tamperedOn(t, newFixture, 20, 8)
 		mustExec(t, db, "UPDATE audit SET duration_ms = duration_ms + 1 WHERE seq = 20")
 		wantBad(t, f.verify(t), 20, "mac mismatch")
 		wantOpenRefused(t, f)
 	})
 	t.Run("mac", func(t *testing.T) {
-		f, db := tampered(t, 20, 8)
-		mustExec(t, db, "UPDATE audit SET mac = zeroblob(32) WHERE seq = 1")
+		f, db := tamperedOn(t, newFixture, 20, 8)
+		mustExec(t, db, "UPDATE audit SET mac = ? WHERE seq = 1", make([]byte, 32))
 		wantBad(t, f.verify(t), 1, "mac mismatch")
 	})
 	t.Run("leaf column only", func(t *testing.T) {
-		f, db := tampered(t, 20, 8)
-		mustExec(t, db, "UPDATE audit SET leaf = zeroblob(32) WHERE seq = 9")
+		f, db := tamperedOn(t, newFixture, 20, 8)
+		mustExec(t, db, "UPDATE audit SET leaf = ? WHERE seq = 9", make([]byte, 32))
 		wantBad(t, f.verify(t), 9, "leaf mismatch")
 	})
 	t.Run("prev_mac column only", func(t *testing.T) {
-		f, db := tampered(t, 20, 8)
-		mustExec(t, db, "UPDATE audit SET prev_mac = zeroblob(32) WHERE seq = 9")
+		f, db := tamperedOn(t, newFixture, 20, 8)
+		mustExec(t, db, "UPDATE audit SET prev_mac = ? WHERE seq = 9", make([]byte, 32))
 		wantBad(t, f.verify(t), 9, "prev_mac mismatch")
 	})
 	t.Run("kid", func(t *testing.T) {
-		f, db := tampered(t, 20, 8)
+		f, db := tamperedOn(t, newFixture, 20, 8)
 		mustExec(t, db, "UPDATE audit SET kid = 'deadbeef' WHERE seq = 13")
 		wantBad(t, f.verify(t), 13, "unknown kid")
 	})
 }
 
-func TestTamperDeleteMiddleRow(t *testing.T) {
-	f, db := tampered(t, 20, 8)
+func TestTamperDeleteMiddleRow(t *testing.T) { eachStore(t, testTamperDeleteMiddleRow) }
+
+func testTamperDeleteMiddleRow(t *testing.T, newFixture func(testing.TB) *fixture) {
+	f, db := tamperedOn(t, newFixture, 20, 8)
 	mustExec(t, db, "DELETE FROM audit WHERE seq = 12")
 	rep := f.verify(t)
 	wantBad(t, rep, 12, "missing row (gap)")
@@ -126,8 +136,10 @@ func TestTamperInsertRenumber(t *testing.T) {
 }
 
 // A forged row at the end is caught at its own seq, and Open refuses it.
-func TestTamperAppendForged(t *testing.T) {
-	f, db := tampered(t, 10, 8)
+func TestTamperAppendForged(t *testing.T) { eachStore(t, testTamperAppendForged) }
+
+func testTamperAppendForged(t *testing.T, newFixture func(testing.TB) *fixture) {
+	f, db := tamperedOn(t, newFixture, 10, 8)
 	mustExec(t, db, `INSERT INTO audit SELECT 11, ts, call_id, phase, principal, tool, params, outcome,
 		error_code, duration_ms, leaf, mac, mac, kid,
 		body_version, transport, client_addr, user_agent, mcp_session, toolset FROM audit WHERE seq = 10`)
@@ -142,8 +154,10 @@ func TestTamperSequenceOutOfOrder(t *testing.T) {
 }
 
 // Case 48: drop the last rows below the last checkpoint.
-func TestTamperTruncate(t *testing.T) {
-	f, db := tampered(t, 20, 8) // checkpoints at 8, 16, 20
+func TestTamperTruncate(t *testing.T) { eachStore(t, testTamperTruncate) }
+
+func testTamperTruncate(t *testing.T, newFixture func(testing.TB) *fixture) {
+	f, db := tamperedOn(t, newFixture, 20, 8) // checkpoints at 8, 16, 20
 	mustExec(t, db, "DELETE FROM audit WHERE seq > 17")
 	rep := f.verify(t)
 	wantBad(t, rep, 18, "truncated below checkpoint (size 20, rows 17)")
@@ -191,8 +205,10 @@ func TestVerifyMissingEverything(t *testing.T) {
 
 // Case 49: the attacker has the HMAC key and rewrites the chain from row 6
 // on, but cannot sign checkpoints.
-func TestTamperRewriteChainWithHMACKey(t *testing.T) {
-	f, db := tampered(t, 20, 8) // checkpoints at 8, 16, 20
+func TestTamperRewriteChainWithHMACKey(t *testing.T) { eachStore(t, testTamperRewriteChainWithHMACKey) }
+
+func testTamperRewriteChainWithHMACKey(t *testing.T, newFixture func(testing.TB) *fixture) {
+	f, db := tamperedOn(t, newFixture, 20, 8) // checkpoints at 8, 16, 20
 	rewriteChain(t, db, f.keys, func(seq int64, r *storedRow) {
 		if seq == 6 {
 			r.Rec.Principal = "someone-else"
@@ -202,7 +218,7 @@ func TestTamperRewriteChainWithHMACKey(t *testing.T) {
 	wantBad(t, rep, 8, "checkpoint root mismatch (size 8; rows 1..8")
 
 	// Changing a row after the first checkpoint is pinned to the next one.
-	f, db = tampered(t, 20, 8)
+	f, db = tamperedOn(t, newFixture, 20, 8)
 	rewriteChain(t, db, f.keys, func(seq int64, r *storedRow) {
 		if seq == 19 {
 			r.Rec.Tool = "delete_everything"
@@ -352,8 +368,10 @@ func writeTemp(t *testing.T, s string) string {
 }
 
 // Dropping the triggers alone changes no row, but is reported and refused.
-func TestTamperDropTriggersOnly(t *testing.T) {
-	f, _ := tampered(t, 5, 8)
+func TestTamperDropTriggersOnly(t *testing.T) { eachStore(t, testTamperDropTriggersOnly) }
+
+func testTamperDropTriggersOnly(t *testing.T, newFixture func(testing.TB) *fixture) {
+	f, _ := tamperedOn(t, newFixture, 5, 8)
 	rep := f.verify(t)
 	if rep.OK || rep.FirstBadSeq != 0 || !strings.Contains(rep.Problem, "triggers missing") || rep.Rows != 5 {
 		t.Fatalf("report %+v", rep)

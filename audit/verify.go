@@ -4,9 +4,12 @@ import (
 	"bytes"
 	"context"
 	"crypto/hmac"
+	"database/sql"
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/sandbox-broker/sandbox-broker/services/statedb"
 )
 
 // VerifyOptions says what to verify and with which keys (HMACKey and
@@ -87,7 +90,7 @@ func Verify(ctx context.Context, opts VerifyOptions) (VerifyReport, error) {
 	}
 	defer db.Close()
 	// One transaction: the count and the scan see the same snapshot.
-	tx, err := db.BeginTx(ctx, nil)
+	tx, err := db.BeginTx(ctx, &sql.TxOptions{ReadOnly: true})
 	if err != nil {
 		return rep, fmt.Errorf("audit: verify: %w", err)
 	}
@@ -175,7 +178,7 @@ func Verify(ctx context.Context, opts VerifyOptions) (VerifyReport, error) {
 	}
 	// Triggers only stop application bugs, but their absence shows someone
 	// wrote to the file outside the app.
-	missing, err := missingTriggers(ctx, tx)
+	missing, err := missingTriggers(ctx, tx, statedb.IsPostgresURL(opts.Path))
 	if err != nil {
 		return rep, fmt.Errorf("audit: verify: %w", err)
 	}

@@ -19,8 +19,8 @@ const maxBatch = 256
 // statements are the writer connection's prepared statements, parsed once
 // for the life of the Log.
 type statements struct {
-	insertRow, insertHash, readHash, lastSeq *sql.Stmt
-	all                                      statedb.Stmts
+	insertRow, insertHash, readHash, lastSeq, tail *sql.Stmt
+	all                                            statedb.Stmts
 }
 
 func prepare(ctx context.Context, db *sql.DB) (statements, error) {
@@ -33,7 +33,8 @@ func prepare(ctx context.Context, db *sql.DB) (statements, error) {
 			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`},
 		statedb.Query{Dst: &s.insertHash, SQL: `INSERT INTO audit_tree(idx, hash) VALUES (?, ?)`},
 		statedb.Query{Dst: &s.readHash, SQL: `SELECT hash FROM audit_tree WHERE idx = ?`},
-		statedb.Query{Dst: &s.lastSeq, SQL: `SELECT coalesce(max(seq), 0) FROM audit`})
+		statedb.Query{Dst: &s.lastSeq, SQL: `SELECT coalesce(max(seq), 0) FROM audit`},
+		statedb.Query{Dst: &s.tail, SQL: `SELECT seq, mac FROM audit ORDER BY seq DESC LIMIT 1`})
 	if err != nil {
 		return s, fmt.Errorf("audit: %w", err)
 	}
@@ -92,6 +93,36 @@ func (l *Log) gather(first *pending) []*pending {
 	}
 	return batch
 }
+
+// durability makes committed rows durable and tells their callers: on
+// SQLite the syncer fdatasyncs the WAL; on PostgreSQL a commit is durable
+// when it returns (committed).
+type durability interface {
+	// commit records rows committed up to seq; intents' callers are
+	// told once they are durable.
+	commit(seq int64, intents []row)
+	// now makes every committed row durable (before a checkpoint).
+	now() error
+	// failed returns the failure that broke the log, if any.
+	failed() error
+	// close makes what is left durable; the writer must have stopped.
+	close()
+}
+
+// committed is PostgreSQL's durability: the server flushes its WAL before
+// COMMIT returns (synchronous_commit=on, which statedb.OpenPostgres sets),
+// and the advisory lock already serialises the writers, so there is
+// nothing to wait for.
+type committed struct{}
+
+func (committed) commit(_ int64, intents []row) {
+	for _, r := range intents {
+		r.p.finish(r.seq, nil)
+	}
+}
+func (committed) now() error    { return nil }
+func (committed) failed() error { return nil }
+func (committed) close()        {}
 
 // syncer makes committed rows durable with one fsync of the WAL file for
 // as many commits as came before it (what synchronous=FULL would do at

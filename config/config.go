@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net"
 	"net/url"
+	"path/filepath"
 	"reflect"
 	"regexp"
 	"slices"
@@ -30,13 +31,16 @@ func (s Secret) MarshalText() ([]byte, error) { return []byte("[REDACTED]"), nil
 // sets each field; flags (the flag tag), where they exist, override the
 // environment.
 type Config struct {
-	Transport          string   `env:"MCP_TRANSPORT" flag:"transport" validate:"oneof=stdio http"`
-	Addr               string   `env:"MCP_HTTP_ADDR" flag:"addr" validate:"listen_addr"`
-	APIToken           Secret   `env:"MCP_API_TOKEN" validate:"omitempty,min=16,max=512,printascii"`
-	APIPrincipal       string   `env:"MCP_API_PRINCIPAL" validate:"principal"`
-	APITier            string   `env:"MCP_API_TIER" validate:"oneof=free pro"`
-	TokensFile         string   `env:"MCP_TOKENS_FILE" validate:"omitempty,filepath"`
-	Root               string   `env:"SANDBOX_ROOT" flag:"root" validate:"required"`
+	Transport    string `env:"MCP_TRANSPORT" flag:"transport" validate:"oneof=stdio http"`
+	Addr         string `env:"MCP_HTTP_ADDR" flag:"addr" validate:"listen_addr"`
+	APIToken     Secret `env:"MCP_API_TOKEN" validate:"omitempty,min=16,max=512,printascii"`
+	APIPrincipal string `env:"MCP_API_PRINCIPAL" validate:"principal"`
+	APITier      string `env:"MCP_API_TIER" validate:"oneof=free pro"`
+	TokensFile   string `env:"MCP_TOKENS_FILE" validate:"omitempty,filepath"`
+	Root         string `env:"SANDBOX_ROOT" flag:"root" validate:"required"`
+	// DatabaseURL puts the shared state and the audit log in PostgreSQL
+	// (broker replicas share it); empty keeps them in SQLite under Root.
+	DatabaseURL        Secret   `env:"DATABASE_URL" validate:"omitempty,max=2048,postgres_url"`
 	FileSecret         Secret   `env:"FILE_SECRET" validate:"omitempty,min=32,max=512"`
 	PublicBaseURL      string   `env:"PUBLIC_BASE_URL" validate:"omitempty,http_url"`
 	RateLimitPerMinute int      `env:"RATE_LIMIT_PER_MINUTE" validate:"min=0,max=100000"`
@@ -63,11 +67,13 @@ type Config struct {
 	Fallback       string `env:"SANDBOX_FALLBACK" validate:"oneof=none docker"`
 	Runtime        string `env:"SANDBOX_RUNTIME" validate:"omitempty,oneof=runc runsc"`
 	RootOverlay    string `env:"SANDBOX_ROOT_OVERLAY" validate:"oneof=auto off"` // see services/rootfs
+	RunnersDir     string `env:"SANDBOX_RUNNERS_DIR" validate:"omitempty,max=4096"`
 	TimeoutS       int    `env:"SANDBOX_TIMEOUT" validate:"min=1,max=3600"`
 	MaxTimeoutS    int    `env:"SANDBOX_MAX_TIMEOUT" validate:"min=1,max=3600,gtefield=TimeoutS"`
 	IdleTimeoutMS  int64  `env:"SANDBOX_IDLE_TIMEOUT_MS" validate:"min=1000,max=604800000"`
 	MaxAgeS        int64  `env:"SANDBOX_MAX_AGE_S" validate:"min=60,max=2592000"`
 	PoolSize       int    `env:"SANDBOX_POOL_SIZE" validate:"min=0,max=32"`
+	IdleReleaseMS  int64  `env:"SANDBOX_IDLE_RELEASE_MS" validate:"min=0,max=86400000"`
 	MemoryMB       int64  `env:"SANDBOX_MEMORY_MB" validate:"min=64,max=65536"`
 	CPUs           int    `env:"SANDBOX_CPUS_MILLI" validate:"min=100,max=64000"`
 	PidsLimit      int64  `env:"SANDBOX_PIDS_LIMIT" validate:"min=16,max=65536"`
@@ -184,6 +190,7 @@ func Defaults() Config {
 		IdleTimeoutMS:   30 * 60 * 1000,
 		MaxAgeS:         24 * 3600,
 		PoolSize:        1,
+		IdleReleaseMS:   60_000,
 		MemoryMB:        512,
 		CPUs:            1000,
 		PidsLimit:       256,
@@ -232,7 +239,25 @@ func Defaults() Config {
 // SecretValues lists every configured secret, for the redactor.
 func (c Config) SecretValues() []string {
 	return []string{c.APIToken.Reveal(), c.FileSecret.Reveal(), c.FileSecretPrev.Reveal(), c.AuditHMACKey.Reveal(), c.CSBAPIKey.Reveal(),
-		c.AnthropicAPIKey.Reveal(), c.K8sCASecret.Reveal()}
+		c.AnthropicAPIKey.Reveal(), c.DatabaseURL.Reveal(), c.K8sCASecret.Reveal()}
+}
+
+// StatePath is where the shared state lives: DATABASE_URL, or state.db
+// under Root.
+func (c Config) StatePath() string {
+	if c.DatabaseURL != "" {
+		return c.DatabaseURL.Reveal()
+	}
+	return filepath.Join(c.Root, "state.db")
+}
+
+// AuditPath is where the audit log lives: DATABASE_URL, or audit.db under
+// Root. Its checkpoints stay under Root either way (per replica).
+func (c Config) AuditPath() string {
+	if c.DatabaseURL != "" {
+		return c.DatabaseURL.Reveal()
+	}
+	return filepath.Join(c.Root, "audit.db")
 }
 
 // TasksEnabled reports whether agent tasks are configured: a model API key
@@ -391,6 +416,13 @@ func newValidator() *validator.Validate {
 			return false
 		}
 		return host == "" || net.ParseIP(host) != nil || v.Var(host, "hostname_rfc1123") == nil
+	})
+	// A URL pgx can parse (postgres:// or postgresql://); checked by
+	// statedb's parser when the broker opens it.
+	_ = v.RegisterValidation("postgres_url", func(fl validator.FieldLevel) bool {
+		s := fl.Field().String()
+		u, err := url.Parse(s)
+		return err == nil && (u.Scheme == "postgres" || u.Scheme == "postgresql") && u.Host != ""
 	})
 	_ = v.RegisterValidation("model_name", func(fl validator.FieldLevel) bool {
 		return modelName.MatchString(fl.Field().String())

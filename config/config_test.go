@@ -101,7 +101,7 @@ func TestEnvParsing(t *testing.T) {
 		PublicBaseURL: "https://broker.example.com/base", RateLimitPerMinute: 42, LogLevel: "debug", AuditHMACKey: hmacKey,
 		AllowedHosts: []string{"broker.example.com", "10.0.0.1"}, AllowedOrigins: []string{"https://a.example.com", "http://localhost:3000"},
 		Toolsets: []string{"files", "sandbox"}, ReadOnly: true, MaxRequestBytes: 4096,
-		Backend: "none", TimeoutS: 30, MaxTimeoutS: 600, IdleTimeoutMS: 60000, MaxAgeS: 86400, PoolSize: 0,
+		Backend: "none", TimeoutS: 30, MaxTimeoutS: 600, IdleTimeoutMS: 60000, MaxAgeS: 86400, PoolSize: 0, IdleReleaseMS: 60000,
 		MemoryMB: 512, CPUs: 1000, PidsLimit: 256, MaxFiles: 1000, MaxWorkspaceMB: 512, FileURLTTLS: 3600, FileSecretPrev: fileSecret + "-old", FileUploadMinKBps: 64,
 		MaxConcurrent: 4, MaxPerSession: 2, JobLogMaxBytes: 8 << 20, SandboxUID: 1_900_000_000, SandboxUIDs: 65536, MaxContainers: 12, EgressMaxConns: 32, EgressMaxMB: 256,
 		CSBAPIKey: "csb_v1_0123456789", CSBAPIURL: "http://127.0.0.1:9/", GitHubReposFile: "/etc/broker/repos.json",
@@ -126,7 +126,7 @@ func TestEnvParsing(t *testing.T) {
 	if c.IsLoopback() {
 		t.Error("0.0.0.0 is not loopback")
 	}
-	if got := c.SecretValues(); !reflect.DeepEqual(got, []string{apiToken, fileSecret, fileSecret + "-old", hmacKey, "csb_v1_0123456789", "sk-ant-test-0123456789", "k8s-ca-secret-0123456789abcdef0123456789"}) {
+	if got := c.SecretValues(); !reflect.DeepEqual(got, []string{apiToken, fileSecret, fileSecret + "-old", hmacKey, "csb_v1_0123456789", "sk-ant-test-0123456789", "", "k8s-ca-secret-0123456789abcdef0123456789"}) {
 		t.Errorf("SecretValues = %v", got)
 	}
 }

@@ -65,6 +65,8 @@ func describeRule(c Config, field reflect.StructField, fe validator.FieldError) 
 		return "must be one of: " + strings.Join(toolsetNames(), ", ")
 	case "model_name":
 		return "must be a model name: 1 to 64 characters from A-Z a-z 0-9 . _ : @ -, starting with a letter or digit"
+	case "postgres_url":
+		return "must be a postgres:// or postgresql:// URL with a host"
 	case "json":
 		return "must be a JSON document"
 	case "excludesall":

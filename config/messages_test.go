@@ -84,6 +84,8 @@ func badValues(t *testing.T, c Config, f reflect.StructField) []badValue {
 			out = append(out, badValue{strings.Repeat("x", 20) + "\x01", []string{"printable ASCII"}})
 		case "json":
 			out = append(out, badValue{"{", []string{"JSON"}})
+		case "postgres_url":
+			out = append(out, badValue{"mysql://u:pw@db/x", []string{"postgres:// or postgresql:// URL"}})
 		case "model_name":
 			out = append(out, badValue{"bad model!", []string{"model name", "1 to 64 characters"}})
 		case "excludesall":

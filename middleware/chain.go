@@ -25,6 +25,7 @@ import (
 	"github.com/sandbox-broker/sandbox-broker/services/brokererr"
 	"github.com/sandbox-broker/sandbox-broker/services/identity"
 	"github.com/sandbox-broker/sandbox-broker/services/quota"
+	"github.com/sandbox-broker/sandbox-broker/services/statedb"
 )
 
 // MaxMessageLen caps error messages sent to the client.
@@ -164,8 +165,10 @@ func (d Deps) sanitize(next server.ToolHandlerFunc) server.ToolHandlerFunc {
 }
 
 // ErrorResult renders err as {error, message, retryable, retry_after_s?}.
+// A state store that cannot be reached (PostgreSQL restarting) is
+// UNAVAILABLE and retryable, whichever store call met it.
 func ErrorResult(r *redact.Redactor, err error) *mcp.CallToolResult {
-	e := brokererr.As(err)
+	e := brokererr.As(statedb.Classify(err))
 	switch {
 	case e != nil:
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):

@@ -1,14 +1,19 @@
 #!/usr/bin/env bash
-# build.sh - build the sandbox-broker runner images (called by `make runners`).
+# build.sh - build the sandbox-broker runner images and the runner file
+# systems of the process backend (called by `make runners`).
 #
 # Usage: runners/build.sh [options] [python|typescript|bash|node|agent ...]   (default: all)
 #   --rebuild-base   re-import debian:bookworm-slim even if present (build-base.sh --force)
 #   --no-cache       pass --no-cache to docker build
+#   --no-rootfs      images only
 #   -h, --help       this text
 #
 # Steps: 1) runners/base/build-base.sh creates debian:bookworm-slim offline with
 # debootstrap unless the image already exists; 2) `docker build` of each
-# runners/<lang>/Dockerfile, tagged sandbox-broker/runner-<lang>:latest.
+# runners/<lang>/Dockerfile, tagged sandbox-broker/runner-<lang>:latest;
+# 3) runners/rootfs.sh exports each image of $RUNNER_ROOTFS (python typescript
+# bash) into $SANDBOX_RUNNERS_DIR for the process backend. Without a Docker
+# daemon only step 3 runs, with debootstrap (rootfs.sh --from debootstrap).
 #
 # Environment:
 #   RUNNER_CACHE_DIR   cache dir for the debootstrap rootfs tarball (see build-base.sh)
@@ -26,6 +31,7 @@ NPM_CA_BUNDLE="${NPM_CA_BUNDLE:-/etc/ssl/certs/ca-certificates.crt}"
 BASE_ARGS=()
 BUILD_ARGS=()
 LANGS=()
+ROOTFS=1
 
 log() { printf '[runners] %s\n' "$*" >&2; }
 die() { printf '[runners] ERROR: %s\n' "$*" >&2; exit 1; }
@@ -34,6 +40,7 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --rebuild-base) BASE_ARGS+=(--force) ;;
     --no-cache) BUILD_ARGS+=(--no-cache) ;;
+    --no-rootfs) ROOTFS=0 ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     -*) die "unknown option: $1 (see --help)" ;;
     *)
@@ -46,8 +53,19 @@ while [ $# -gt 0 ]; do
 done
 [ ${#LANGS[@]} -gt 0 ] || LANGS=("${ALL_LANGS[@]}")
 
-command -v docker >/dev/null || die "docker not found"
-docker info >/dev/null 2>&1 || die "cannot talk to the docker daemon (is dockerd running?)"
+# The runner file systems of the process backend: the requested languages
+# among $RUNNER_ROOTFS.
+ROOTFS_LANGS=()
+for lang in ${RUNNER_ROOTFS:-python typescript bash}; do
+  case " ${LANGS[*]} " in *" $lang "*) ROOTFS_LANGS+=("$lang") ;; esac
+done
+
+if ! command -v docker >/dev/null || ! docker info >/dev/null 2>&1; then
+  [ "$ROOTFS" = 1 ] || die "no Docker daemon, and --no-rootfs leaves nothing to build"
+  log "no Docker daemon: building only the process backend's runner file systems, with debootstrap"
+  [ ${#ROOTFS_LANGS[@]} -gt 0 ] || exit 0
+  exec "$HERE/rootfs.sh" --from debootstrap "${ROOTFS_LANGS[@]}"
+fi
 
 # Builder choice. Docker 20.10's daemon embeds BuildKit, but a docker CLI >= 23
 # only drives it through the buildx plugin, which is not installed here, and
@@ -99,6 +117,15 @@ for lang in "${LANGS[@]}"; do
   log "built $image in ${SECS[$lang]}s"
 done
 
+if [ "$ROOTFS" = 1 ] && [ ${#ROOTFS_LANGS[@]} -gt 0 ] && [ "$(id -u)" != 0 ]; then
+  log "skipping the runner file systems: they must be owned by root (sudo runners/rootfs.sh)"
+elif [ "$ROOTFS" = 1 ] && [ ${#ROOTFS_LANGS[@]} -gt 0 ]; then
+  log "runner file systems (${ROOTFS_LANGS[*]}) for the process backend ..."
+  t0=$(date +%s)
+  "$HERE/rootfs.sh" --from docker "${ROOTFS_LANGS[@]}"
+  SECS[rootfs]=$(( $(date +%s) - t0 ))
+fi
+
 printf '\n%-40s %8s %10s\n' IMAGE SECONDS SIZE
 printf '%-40s %8s %10s\n' "debian:bookworm-slim (base)" "${SECS[base]}" \
   "$(docker image inspect -f '{{.Size}}' debian:bookworm-slim | awk '{printf "%.0fMB", $1/1e6}')"
@@ -106,4 +133,5 @@ for lang in "${LANGS[@]}"; do
   printf '%-40s %8s %10s\n' "sandbox-broker/runner-$lang:$TAG" "${SECS[$lang]}" \
     "$(docker image inspect -f '{{.Size}}' "sandbox-broker/runner-$lang:$TAG" | awk '{printf "%.0fMB", $1/1e6}')"
 done
+[ -z "${SECS[rootfs]:-}" ] || printf '%-40s %8s\n' "runner file systems (${ROOTFS_LANGS[*]})" "${SECS[rootfs]}"
 printf '%-40s %8s\n' TOTAL "$(( $(date +%s) - T_ALL ))"

@@ -92,7 +92,12 @@ func TestStdioRejectsBadLinesAndKeepsServing(t *testing.T) {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	t.Cleanup(func() { // EOF ends the broker, which removes its sandboxes
+		_ = stdin.Close()
+		kill := time.AfterFunc(20*time.Second, func() { _ = cmd.Process.Kill() })
+		_ = cmd.Wait()
+		kill.Stop()
+	})
 	lines := []string{
 		`{not json`,
 		"{\"jsonrpc\":\"2.0\",\"id\":7,\"method\":\"tools/call\",\"params\":{\"name\":\"get_usage\",\"arguments\":{\"\xff\":1}}}",
@@ -578,5 +583,34 @@ func TestInitializeFloodEvictsOnlyTheFlooder(t *testing.T) {
 	}
 	if code := list(tok["mallory"], first); code != http.StatusNotFound {
 		t.Fatalf("mallory's oldest session should have been evicted: %d", code)
+	}
+}
+
+// TestStdioClientCloseLeavesNoSandboxes: a stdio client closing, as
+// mcp-go's does (stdin and stderr closed, then a wait), ends the broker
+// cleanly and removes its containers. Before, the first log line of the
+// shutdown went to the closed stderr and SIGPIPE killed the broker there.
+func TestStdioClientCloseLeavesNoSandboxes(t *testing.T) {
+	requireDocker(t)
+	root := brokerRoot(t)
+	c := StartStdio(t, root, map[string]string{"SANDBOX_POOL_SIZE": "1"})
+	if r, _ := run(t, c, map[string]any{"language": "python", "code": "print(6 * 7)"}); strings.TrimSpace(r.Stdout) != "42" {
+		t.Fatalf("run: %+v", r)
+	}
+	containers := func() []string {
+		out, err := exec.Command("docker", "ps", "-aq", "--filter", "label=sandbox.root="+root).Output()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return strings.Fields(string(out))
+	}
+	if len(containers()) == 0 {
+		t.Fatal("no container under the broker's root before the close")
+	}
+	if err := c.Close(); err != nil {
+		t.Fatalf("the broker did not exit cleanly: %v", err)
+	}
+	if left := containers(); len(left) != 0 {
+		t.Fatalf("%d containers left after the client closed", len(left))
 	}
 }

@@ -43,6 +43,11 @@ func startDaemon(t *testing.T, logPath string, name string, args ...string) *dae
 	defer logf.Close()
 	p := &daemonProc{cmd: exec.Command(name, args...), done: make(chan struct{})}
 	p.cmd.Stdout, p.cmd.Stderr = logf, logf
+	// A network namespace of its own: dockerd started with --bridge=none
+	// deletes the host's docker0 (moby's removeDefaultBridgeInterface),
+	// which the shared daemon needs. The sockets are files, so the broker
+	// reaches it all the same.
+	p.cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWNET}
 	if err := p.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}

@@ -102,10 +102,15 @@ func TestSandboxFloodsOutputAndIgnoresStdin(t *testing.T) {
 	const jobLogMax = 1 << 20
 	backends(t, map[string]string{"SANDBOX_JOB_LOG_MAX_BYTES": strconv.Itoa(jobLogMax)}, func(t *testing.T, backend string, b *Broker, c *client.Client) {
 		c2 := b.Client(t, testToken)
-		// The sessions, each with its sandbox, exist before the baseline.
+		// The sessions, each with its sandboxes, exist before the baseline
+		// (jobs run in the python runner's, which on runner file systems is
+		// not bash's).
 		for _, session := range []string{"flood", "deaf"} {
 			if r, _ := run(t, c, map[string]any{"session_id": session, "language": "bash", "code": "true"}); !r.Success {
 				t.Fatalf("warm-up: %+v", r)
+			}
+			if res := callTool(t, c, "execute_code", map[string]any{"session_id": session, "command": "true"}); res.IsError {
+				t.Fatalf("warm-up job: %+v", res.Content)
 			}
 		}
 		responsive(t, c2, nil)

@@ -11,24 +11,53 @@ import (
 	"testing"
 )
 
+// sandboxBackends are the backends the tests run on: the process
+// backend twice, on the host's /usr and on the runner file systems.
+var sandboxBackends = []string{"docker", "process", "process_rootfs"}
+
+// startBackend starts a broker on one of sandboxBackends (or on
+// docker-runsc, the Docker backend under gVisor) with o
+// (SANDBOX_BACKEND, no warm pool and the test token added), skipping
+// (failing in CI) when the backend is not available.
+func startBackend(t *testing.T, name string, o BrokerOpts) *Broker {
+	t.Helper()
+	backend := name
+	switch name {
+	case "docker":
+		requireDocker(t)
+	case "docker-runsc":
+		requireRunsc(t)
+		backend = "docker"
+	case "process":
+		requireBwrap(t)
+	case "process_rootfs":
+		requireBwrap(t)
+		backend = "process"
+		if o.Root == "" {
+			o.Root = rootfsRoot(t)
+		}
+	}
+	env := map[string]string{"SANDBOX_BACKEND": backend, "SANDBOX_POOL_SIZE": "0"}
+	if name == "docker-runsc" {
+		env["SANDBOX_RUNTIME"] = "runsc"
+	}
+	for k, v := range o.Env {
+		env[k] = v
+	}
+	o.Env, o.Token = env, testToken
+	b := StartHTTP(t, o)
+	if name == "process_rootfs" {
+		requireRootfsRunners(t, b)
+	}
+	return b
+}
+
 // eachBackend runs fn once per sandbox backend; start starts that
-// backend's broker with o (SANDBOX_BACKEND and a token added).
+// backend's broker with o.
 func eachBackend(t *testing.T, fn func(t *testing.T, start func(o BrokerOpts) *Broker)) {
-	for _, name := range []string{"docker", "process"} {
+	for _, name := range sandboxBackends {
 		t.Run(name, func(t *testing.T) {
-			if name == "docker" {
-				requireDocker(t)
-			} else {
-				requireBwrap(t)
-			}
-			fn(t, func(o BrokerOpts) *Broker {
-				env := map[string]string{"SANDBOX_BACKEND": name, "SANDBOX_POOL_SIZE": "0"}
-				for k, v := range o.Env {
-					env[k] = v
-				}
-				o.Env, o.Token = env, testToken
-				return StartHTTP(t, o)
-			})
+			fn(t, func(o BrokerOpts) *Broker { return startBackend(t, name, o) })
 		})
 	}
 }
@@ -123,7 +152,14 @@ func TestHostLayoutInvisibleInSandbox(t *testing.T) {
 		// The kernel prints a bind mount's source relative to its
 		// filesystem, so look for the root's own unique directory name too.
 		unique := filepath.Base(filepath.Dir(b.Root))
-		for _, leak := range []string{b.Root, unique} {
+		leaks := []string{b.Root, unique}
+		// Nor where the prebuilt runner file systems lie.
+		for _, d := range []string{os.Getenv("SANDBOX_TEST_RUNNERS_DIR"), filepath.Join("..", "data", "runners")} {
+			if abs, err := filepath.Abs(d); err == nil && d != "" {
+				leaks = append(leaks, abs)
+			}
+		}
+		for _, leak := range leaks {
 			if strings.Contains(tables, leak) {
 				t.Errorf("the sandbox can read the host path %q:\n%s", leak, grepLines(tables, leak))
 			}

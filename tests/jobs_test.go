@@ -27,33 +27,20 @@ func requireBwrap(t testing.TB) {
 
 // backends runs fn once per sandbox backend, each with its own broker.
 func backends(t *testing.T, extra map[string]string, fn func(t *testing.T, backend string, b *Broker, c *client.Client)) {
-	runBackends(t, extra, fn, "docker", "process")
+	runBackends(t, extra, fn, sandboxBackends...)
 }
 
 // backendsAndGVisor is backends plus the Docker backend under gVisor
 // (SANDBOX_RUNTIME=runsc, named docker-runsc), for what the runtime
 // changes: the sandbox's processes are not host processes there.
 func backendsAndGVisor(t *testing.T, extra map[string]string, fn func(t *testing.T, backend string, b *Broker, c *client.Client)) {
-	runBackends(t, extra, fn, "docker", "docker-runsc", "process")
+	runBackends(t, extra, fn, "docker", "docker-runsc", "process", "process_rootfs")
 }
 
 func runBackends(t *testing.T, extra map[string]string, fn func(t *testing.T, backend string, b *Broker, c *client.Client), names ...string) {
 	for _, name := range names {
 		t.Run(name, func(t *testing.T) {
-			env := map[string]string{"SANDBOX_BACKEND": name, "SANDBOX_POOL_SIZE": "0"}
-			switch name {
-			case "docker":
-				requireDocker(t)
-			case "docker-runsc":
-				requireRunsc(t)
-				env["SANDBOX_BACKEND"], env["SANDBOX_RUNTIME"] = "docker", "runsc"
-			default:
-				requireBwrap(t)
-			}
-			for k, v := range extra {
-				env[k] = v
-			}
-			b := StartHTTP(t, BrokerOpts{Token: testToken, Env: env})
+			b := startBackend(t, name, BrokerOpts{Env: extra})
 			fn(t, name, b, b.Client(t, testToken))
 		})
 	}
@@ -295,8 +282,7 @@ func TestJobSurvivesBrokerRestart(t *testing.T) {
 		resultJSON(t, done, &fin)
 		_ = b.cmd.Process.Signal(syscall.SIGKILL)
 		<-b.done
-		env := map[string]string{"SANDBOX_BACKEND": backend, "SANDBOX_POOL_SIZE": "0"}
-		b2 := StartHTTP(t, BrokerOpts{Root: b.Root, Token: testToken, Env: env})
+		b2 := startBackend(t, backend, BrokerOpts{Root: b.Root})
 		c2 := b2.Client(t, testToken)
 		var st struct {
 			Status string `json:"status"`

@@ -6,21 +6,20 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/signal"
 	"path/filepath"
-	"syscall"
 
 	"github.com/sandbox-broker/sandbox-broker/services/agent"
 )
 
 // agentCmd runs the in-sandbox agent: `sandbox-broker agent [--socket path
 // | --listen addr] [--language lang] [--workdir dir] [--sweep
-// auto|container|descendants] [--no-zygote] [--allow-sandbox-clients]`. It
-// is the sandbox container's main process. `sandbox-broker agent sessions`
-// instead answers each line on stdin with the live session IDs in its PID
-// namespace (the Docker engine's stray check under gVisor); `sandbox-broker
-// agent install <path>` copies this binary to path (a Kubernetes pod's init
-// container: pods get the agent from the broker's image, not a host mount).
+// auto|container|descendants] [--no-zygote] [--allow-sandbox-clients]
+// [--warm-on-request] [--idle-release duration]`. It is the sandbox
+// container's main process. `sandbox-broker agent sessions` instead answers
+// each line on stdin with the live session IDs in its PID namespace (the
+// Docker engine's stray check under gVisor); `sandbox-broker agent install
+// <path>` copies this binary to path (a Kubernetes pod's init container:
+// pods get the agent from the broker's image, not a host mount).
 func agentCmd(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	if len(args) == 2 && args[0] == "install" {
 		exe, err := os.Executable()
@@ -50,6 +49,8 @@ func agentCmd(ctx context.Context, args []string, stdin io.Reader, stdout, stder
 	noZygote := fs.Bool("no-zygote", false, "do not start the Python zygote")
 	allowLocal := fs.Bool("allow-sandbox-clients", false, "in container sweep mode, also accept requests from processes inside the sandbox's PID namespace (refused by default)")
 	listen := fs.String("listen", "", "pod mode: listen on this TCP address with mutual TLS instead of the socket (the broker CA comes from $"+agent.CAEnv+")")
+	warmOnRequest := fs.Bool("warm-on-request", false, "start the language's runtime (Python zygote, Node resident) only when a ping asks for it")
+	idleRelease := fs.Duration("idle-release", 0, "stop the language's runtime after this long without a run (0: never)")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -71,13 +72,17 @@ func agentCmd(ctx context.Context, args []string, stdin io.Reader, stdout, stder
 		NoZygote:        *noZygote,
 		Log:             stderr,
 		AllowLocalPeers: *allowLocal,
+		WarmOnRequest:   *warmOnRequest,
+		IdleRelease:     *idleRelease,
 	}
 	if *listen != "" {
 		// A pod's agent lives as long as its pod: on SIGTERM (deletion,
 		// eviction) it keeps going until the SIGKILL after the grace
 		// period, so that a run under way ends with a lost connection the
 		// broker reads as a lost pod, not with a result of a killed run.
-		signal.Ignore(syscall.SIGTERM, syscall.SIGINT)
+		// The signals stay caught, not ignored: an ignored signal would
+		// stay ignored in every run and job the agent starts.
+		ctx = context.WithoutCancel(ctx)
 		if err = agent.SetPodLimits(); err == nil {
 			opts.Pod, opts.Listener, err = agent.StartPod(*listen, []byte(os.Getenv(agent.CAEnv)), stdout)
 		}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/sandbox-broker/sandbox-broker/audit"
 	"github.com/sandbox-broker/sandbox-broker/config"
+	"github.com/sandbox-broker/sandbox-broker/services/statedb"
 )
 
 func auditCmd(ctx context.Context, args []string, stdout, stderr io.Writer, getenv func(string) string) int {
@@ -22,7 +23,7 @@ func auditCmd(ctx context.Context, args []string, stdout, stderr io.Writer, gete
 	fs := flag.NewFlagSet("audit "+sub, flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	root := fs.String("root", firstNonEmpty(getenv("SANDBOX_ROOT"), config.Defaults().Root), "state directory (SANDBOX_ROOT)")
-	db := fs.String("db", "", "audit database (default <root>/audit.db)")
+	db := fs.String("db", "", "audit database (default DATABASE_URL, else <root>/audit.db)")
 	checkpoints := fs.String("checkpoints", "", "checkpoint file (default <root>/audit.checkpoints)")
 	n := fs.Int("n", 20, "rows to show (tail)")
 	format := fs.String("format", "jsonl", "export format (jsonl)")
@@ -31,11 +32,15 @@ func auditCmd(ctx context.Context, args []string, stdout, stderr io.Writer, gete
 	if err := fs.Parse(args[1:]); err != nil {
 		return 2
 	}
-	if *db == "" {
-		*db = filepath.Join(*root, "audit.db")
-	}
 	if *checkpoints == "" {
-		*checkpoints = filepath.Join(filepath.Dir(*db), "audit.checkpoints")
+		dir := *root
+		if *db != "" && !statedb.IsPostgresURL(*db) {
+			dir = filepath.Dir(*db)
+		}
+		*checkpoints = filepath.Join(dir, "audit.checkpoints")
+	}
+	if *db == "" {
+		*db = config.Config{Root: *root, DatabaseURL: config.Secret(getenv("DATABASE_URL"))}.AuditPath()
 	}
 	switch sub {
 	case "verify":

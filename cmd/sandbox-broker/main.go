@@ -23,6 +23,8 @@ const usage = `usage:
   sandbox-broker audit export --format jsonl [--since seq] [--follow] [--root dir | --db file]
   sandbox-broker init [--dir dir] [--force] [--show-token]   (writes .env with fresh secrets for docker compose)
   sandbox-broker docs [--readme README.md] [--check]
+  sandbox-broker runners verify [--root dir | --dir runners-dir]
+  sandbox-broker runners seal --dir generation --language lang --image name [--image-id id] [--built-by how] [--env K=V ...]
   sandbox-broker version
   sandbox-broker agent [--socket path] [--language lang]   (runs inside sandbox containers)
   sandbox-broker seccomp-profile [--runtime runc|runsc]   (the sandboxes' seccomp profile, for Kubernetes nodes)
@@ -64,6 +66,8 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer, getenv func(s
 		return docsCmd(args[1:], stdout, stderr)
 	case "seccomp-profile":
 		return seccompCmd(args[1:], stdout, stderr)
+	case "runners":
+		return runnersCmd(args[1:], stdout, stderr, getenv)
 	case "init":
 		return initCmd(args[1:], stdout, stderr)
 	case "version":

@@ -6,12 +6,19 @@ import (
 	"io"
 	"net"
 	"os"
+	"os/signal"
+	"syscall"
 
 	"github.com/sandbox-broker/sandbox-broker/config"
 	"github.com/sandbox-broker/sandbox-broker/services/broker"
 )
 
 func serve(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer, getenv func(string) string) int {
+	// A client that stops reading our stderr (a stdio client gone) would
+	// otherwise have the next log line kill the broker by SIGPIPE in the
+	// middle of its shutdown, leaving its sandboxes behind. Caught (not
+	// ignored, which children would inherit), the write just fails.
+	signal.Notify(make(chan os.Signal, 1), syscall.SIGPIPE)
 	cfg, err := config.Load(args, getenv)
 	if err != nil {
 		fmt.Fprintln(stderr, err)

@@ -6,7 +6,7 @@
 # Dockerfiles use in FROM, so `docker build` works unchanged on machines that
 # can pull the official image instead.
 #
-# Usage: runners/base/build-base.sh [--force] [--refresh] [--cache-dir DIR]
+# Usage: runners/base/build-base.sh [--force] [--refresh] [--cache-dir DIR] [--tarball FILE]
 #   --force        re-import the image even if it already exists
 #   --refresh      ignore the cached rootfs tarball and debootstrap again
 #                  (implies --force)
@@ -14,6 +14,8 @@
 #                  point release debootstrap installs (default: apply them)
 #   --cache-dir D  keep the debootstrapped rootfs tarball (and the downloaded
 #                  .debs) in D; default: $RUNNER_CACHE_DIR, unset = no cache
+#   --tarball F    no Docker: write the rootfs tarball to F and import nothing
+#                  (runners/rootfs.sh builds the runner file systems on it)
 #
 # Environment:
 #   RUNNER_CACHE_DIR   default for --cache-dir
@@ -23,7 +25,7 @@
 #   DEBIAN_SECURITY_MIRROR                      (default http://deb.debian.org/debian-security)
 #   BASE_UPGRADE       0 = same as --no-upgrade
 #
-# Needs: root (debootstrap), debootstrap, docker, tar.
+# Needs: root (debootstrap), debootstrap, tar; docker unless --tarball.
 set -euo pipefail
 
 BASE_IMAGE="${BASE_IMAGE:-debian:bookworm-slim}"
@@ -34,6 +36,7 @@ CACHE_DIR="${RUNNER_CACHE_DIR:-}"
 FORCE=0
 REFRESH=0
 UPGRADE="${BASE_UPGRADE:-1}"
+TARBALL_OUT=""
 
 log() { printf '[build-base] %s\n' "$*" >&2; }
 die() { printf '[build-base] ERROR: %s\n' "$*" >&2; exit 1; }
@@ -45,6 +48,7 @@ while [ $# -gt 0 ]; do
     --no-upgrade) UPGRADE=0 ;;
     --cache-dir) [ $# -ge 2 ] || die "--cache-dir needs an argument"; CACHE_DIR="$2"; shift ;;
     --cache-dir=*) CACHE_DIR="${1#*=}" ;;
+    --tarball) [ $# -ge 2 ] || die "--tarball needs an argument"; TARBALL_OUT="$2"; shift ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown argument: $1 (see --help)" ;;
   esac
@@ -52,10 +56,12 @@ while [ $# -gt 0 ]; do
 done
 
 START=$(date +%s)
-command -v docker >/dev/null || die "docker not found"
-docker info >/dev/null 2>&1 || die "cannot talk to the docker daemon (is dockerd running?)"
+if [ -z "$TARBALL_OUT" ]; then
+  command -v docker >/dev/null || die "docker not found (without Docker, use --tarball)"
+  docker info >/dev/null 2>&1 || die "cannot talk to the docker daemon (is dockerd running?)"
+fi
 
-if [ "$FORCE" = 0 ] && docker image inspect "$BASE_IMAGE" >/dev/null 2>&1; then
+if [ -z "$TARBALL_OUT" ] && [ "$FORCE" = 0 ] && docker image inspect "$BASE_IMAGE" >/dev/null 2>&1; then
   log "$BASE_IMAGE already present ($(docker image inspect -f '{{.Id}}' "$BASE_IMAGE" | cut -c1-19)); skipping (use --force to rebuild)"
   exit 0
 fi
@@ -176,6 +182,12 @@ EOF
   mv -f "$OUT.partial" "$OUT"
   TARBALL="$OUT"
   log "rootfs tarball: $TARBALL ($(du -h "$TARBALL" | cut -f1))"
+fi
+
+if [ -n "$TARBALL_OUT" ]; then
+  cp -f "$TARBALL" "$TARBALL_OUT.partial" && mv -f "$TARBALL_OUT.partial" "$TARBALL_OUT"
+  log "base rootfs tarball ready in $(( $(date +%s) - START ))s"
+  exit 0
 fi
 
 log "importing as $BASE_IMAGE"

@@ -378,7 +378,7 @@ func TestZygote(t *testing.T) {
 		if want := fmt.Sprintf("%d True True\n", zpid); string(resp.Stdout) != want || !resp.Zygote {
 			t.Fatalf("stdout %q zygote %v, want %q (child of the zygote, own session)", resp.Stdout, resp.Zygote, want)
 		}
-		if ok, err := Ping(context.Background(), ta.sock); err != nil || !ok {
+		if ok, err := Ping(context.Background(), ta.sock, false); err != nil || !ok {
 			t.Fatalf("Ping = %v, %v; want zygote ready", ok, err)
 		}
 	})

@@ -116,38 +116,66 @@ func decodeResponse(data []byte) (Response, error) {
 	return resp, nil
 }
 
-// Ping asks the agent for a cheap liveness answer; ready reports whether
-// its Python zygote is warm.
-func Ping(ctx context.Context, socketPath string) (zygoteReady bool, err error) {
-	resp, err := Run(ctx, socketPath, Request{Language: PingLanguage})
+// Ping asks the agent for a cheap liveness answer; warm reports whether
+// the runtime of its language is ready (its Python zygote, say). With
+// start set it also asks the agent to start that runtime.
+func Ping(ctx context.Context, socketPath string, start bool) (warm bool, err error) {
+	resp, err := Run(ctx, socketPath, Request{Language: PingLanguage, Warm: start})
 	if err != nil {
 		return false, err
 	}
 	if resp.Error != "" {
 		return false, fmt.Errorf("agent: ping: %s", resp.Error)
 	}
-	return resp.Zygote, nil
+	return resp.Warm, nil
 }
 
 // WaitReady pings the agent until it answers, with a short backoff (1 ms
-// doubling to 50 ms), until ctx is done. Use it after starting a container.
+// doubling to 4 ms: a new session waits on this), until ctx is done. Use
+// it after starting a container.
 func WaitReady(ctx context.Context, socketPath string) error {
 	return waitPing(ctx, socketPath, false)
 }
 
-// WaitWarm is WaitReady that also waits for the agent's Python zygote to
-// be preloaded: a run's stray check needs the zygote in place first.
+// WaitWarm is WaitReady that also asks for the runtime of the agent's
+// language (see Request.Warm) and waits until it is ready (backoff up to
+// 50 ms).
 func WaitWarm(ctx context.Context, socketPath string) error {
 	return waitPing(ctx, socketPath, true)
 }
 
+// WarmTimeout bounds one warm-up (the Python data stack's preload).
+const WarmTimeout = 2 * time.Minute
+
+// WarmInTurn waits for a turn in w, then, unless skip says the sandbox
+// wants it no more, has the agent at socketPath warm its language runtime
+// and waits (at most WarmTimeout) until it is ready. It returns nil when
+// skipped.
+func WarmInTurn(ctx context.Context, w *sandbox.Warmups, socketPath string, skip func() bool) error {
+	var err error
+	if werr := w.Run(ctx, func(ctx context.Context) {
+		if skip() {
+			return
+		}
+		wctx, cancel := context.WithTimeout(ctx, WarmTimeout)
+		defer cancel()
+		err = WaitWarm(wctx, socketPath)
+	}); werr != nil {
+		return werr
+	}
+	return err
+}
+
 func waitPing(ctx context.Context, socketPath string, warm bool) error {
-	backoff := time.Millisecond
+	backoff, maxBackoff := time.Millisecond, 4*time.Millisecond
+	if warm {
+		maxBackoff = 50 * time.Millisecond
+	}
 	for {
 		pctx, cancel := context.WithTimeout(ctx, time.Second)
-		zygote, err := Ping(pctx, socketPath)
+		ready, err := Ping(pctx, socketPath, warm)
 		cancel()
-		if err == nil && (zygote || !warm) {
+		if err == nil && (ready || !warm) {
 			return nil
 		}
 		t := time.NewTimer(backoff)
@@ -155,12 +183,12 @@ func waitPing(ctx context.Context, socketPath string, warm bool) error {
 		case <-ctx.Done():
 			t.Stop()
 			if err == nil {
-				return fmt.Errorf("agent: zygote not warm: %w", ctx.Err())
+				return fmt.Errorf("agent: runtime not warm: %w", ctx.Err())
 			}
 			return fmt.Errorf("agent: not ready: %w (last error: %v)", ctx.Err(), err)
 		case <-t.C:
 		}
-		backoff = min(backoff*2, 50*time.Millisecond)
+		backoff = min(backoff*2, maxBackoff)
 	}
 }
 

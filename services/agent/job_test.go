@@ -9,6 +9,8 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"os/exec"
+	"os/signal"
 	"path/filepath"
 	"regexp"
 	"strconv"
@@ -314,7 +316,7 @@ func TestJobStdinPartialWriteIsCounted(t *testing.T) {
 		t.Fatalf("close after the queued chunk: %v", err)
 	}
 	if x := waitDone(t, j); x.ExitCode != 0 {
-		t.Fatalf("exit %+v", x)
+		t.Fatalf("exit %+v, partial write %+v, stdout %q, stderr %q", x, part, rec.text("stdout"), rec.text("stderr"))
 	}
 	if got, want := strings.TrimSpace(rec.text("stdout")), fmt.Sprintf("ready\n%d", part.Written+part.Queued); got != want {
 		t.Fatalf("stdout %q, want %q", got, want)
@@ -725,4 +727,36 @@ func FuzzJobFrame(f *testing.F) {
 			t.Fatalf("accepted a frame line of more than %d bytes", MaxJobFrameBytes)
 		}
 	})
+}
+
+// TestJobSignalsWorkWhenTheAgentInheritsThemIgnored: an agent started with
+// SIGHUP and SIGINT ignored (a broker under nohup, a shell's `&`) still
+// gives its jobs the default dispositions, so a job can trap the HUP and
+// INT the job tools send. The test re-runs itself with both ignored.
+func TestJobSignalsWorkWhenTheAgentInheritsThemIgnored(t *testing.T) {
+	if os.Getenv("AGENT_TEST_SIGNALS_IGNORED") == "1" {
+		if !signal.Ignored(syscall.SIGHUP) || !signal.Ignored(syscall.SIGINT) {
+			t.Fatal("the helper did not start with SIGHUP and SIGINT ignored")
+		}
+		ta := startAgent(t, Options{Language: LangBash})
+		rec := newRecorder()
+		j := ta.startJob(t, JobRequest{Command: "grep '^SigIgn:' /proc/self/status"}, rec.sink)
+		if x := waitDone(t, j); x.ExitCode != 0 {
+			t.Fatalf("exit %+v, stderr %q", x, rec.text("stderr"))
+		}
+		_, mask, _ := strings.Cut(strings.TrimSpace(rec.text("stdout")), ":")
+		ignored, err := strconv.ParseUint(strings.TrimSpace(mask), 16, 64)
+		if err != nil {
+			t.Fatalf("SigIgn line %q: %v", rec.text("stdout"), err)
+		}
+		if hupInt := uint64(1<<(syscall.SIGHUP-1) | 1<<(syscall.SIGINT-1)); ignored&hupInt != 0 {
+			t.Fatalf("the job ignores signals %#x (SigIgn %#x)", ignored&hupInt, ignored)
+		}
+		return
+	}
+	cmd := exec.Command("/bin/sh", "-c", `trap "" HUP INT; exec "$0" -test.run='^TestJobSignalsWorkWhenTheAgentInheritsThemIgnored$' -test.count=1`, os.Args[0])
+	cmd.Env = append(os.Environ(), "AGENT_TEST_SIGNALS_IGNORED=1")
+	if out, err := cmd.CombinedOutput(); err != nil || !strings.Contains(string(out), "PASS") {
+		t.Fatalf("helper: %v\n%s", err, out)
+	}
 }

@@ -128,6 +128,8 @@ type notebook struct {
 // notebookRun runs req.Code as a cell of the kernel, starting one if
 // needed. The caller holds runSem; the sweep follows as after every run.
 func (s *Server) notebookRun(ctx context.Context, req Request, timeout time.Duration, limit int) Response {
+	codeLock.RLock() // see infra.go
+	defer codeLock.RUnlock()
 	nb := s.nb
 	start := time.Now()
 	deadline := start.Add(timeout)
@@ -295,7 +297,7 @@ func (nb *notebook) start(ctx context.Context, deadline time.Time) (*kernel, err
 	wait := time.Until(deadline).Seconds()
 	k.shim, err = s.startChild(false, &exec.Cmd{
 		Path:   bin,
-		Args:   []string{"python3", "-c", kernelShim, cf, strconv.FormatFloat(max(wait, 1), 'f', 1, 64)},
+		Args:   []string{"python3", "-s", "-c", kernelShim, cf, strconv.FormatFloat(max(wait, 1), 'f', 1, 64)}, // -s: no user site (cells write it)
 		Env:    s.opts.Env,
 		Dir:    "/",
 		Stdin:  inR,
@@ -386,11 +388,17 @@ func writeConnectionFile(dir string) (string, error) {
 func (s *Server) startChild(setsid bool, c *exec.Cmd) (*child, error) {
 	c.SysProcAttr = &syscall.SysProcAttr{Setsid: setsid, Setpgid: !setsid}
 	c.WaitDelay = time.Second
+	return startRegistered(c, notebookProcs)
+}
+
+// startRegistered starts c and, until it has been waited for, lists it as
+// managed and in set (under spawnMu, so the sweep never sees it unlisted).
+func startRegistered(c *exec.Cmd, set map[int]bool) (*child, error) {
 	spawnMu.Lock()
 	err := c.Start()
 	if err == nil {
 		managed[c.Process.Pid] = true
-		notebookProcs[c.Process.Pid] = true
+		set[c.Process.Pid] = true
 	}
 	spawnMu.Unlock()
 	if err != nil {
@@ -401,7 +409,7 @@ func (s *Server) startChild(setsid bool, c *exec.Cmd) (*child, error) {
 		_ = c.Wait()
 		spawnMu.Lock()
 		delete(managed, ch.pid)
-		delete(notebookProcs, ch.pid)
+		delete(set, ch.pid)
 		spawnMu.Unlock()
 		ch.state = c.ProcessState
 		close(ch.done)

@@ -32,6 +32,9 @@ type Request struct {
 	MaxOutputBytes int    `json:"max_output_bytes"` // per stream
 	// Mode is ModeFresh ("" too) or ModeNotebook (python only).
 	Mode string `json:"mode,omitempty"`
+	// Warm, in a ping, starts the runtime of the agent's language (see
+	// warm.go) unless it is up or starting.
+	Warm bool `json:"warm,omitempty"`
 }
 
 // Run modes.
@@ -57,6 +60,12 @@ type Response struct {
 	// Zygote is true when the run was forked from the agent's pre-warmed
 	// Python zygote instead of a fresh interpreter (informational).
 	Zygote bool `json:"zygote,omitempty"`
+	// Warm, in a ping's answer, tells that the runtime of the agent's
+	// language is ready (always for a language without one).
+	Warm bool `json:"warm,omitempty"`
+	// Cold is set on a python run that could not use a warm zygote: it was
+	// not up (still preloading, or released when idle) or failed.
+	Cold bool `json:"cold,omitempty"`
 	// Displays are the run's rich outputs in order: a notebook cell's
 	// result and display() calls, and the matplotlib figures it showed or
 	// left open (in both modes). At most MaxDisplays, MaxDisplayBytes.
@@ -152,11 +161,18 @@ const (
 // providers' alone.
 var RunLanguages = []string{LangPython, LangTypeScript, LangJavaScript, LangBash}
 
+// JobLanguageOrder is the order in which a job without a language picks its
+// runner: the first a backend has. Jobs are shell commands and every
+// runner has bash; the python runner also has the most tools, so a
+// command's environment does not depend on what the session ran before.
+var JobLanguageOrder = []string{LangPython, LangBash, LangNode, LangTypeScript, LangJavaScript}
+
 // PingLanguage makes a cheap liveness request: Request{Language:
 // PingLanguage} is answered at once with an empty, successful Response
 // (ExitCode 0, no Error) without taking the run lock or starting anything;
-// its Zygote field tells whether a warm Python zygote is ready. Code,
-// TimeoutMS and MaxOutputBytes are ignored.
+// its Zygote field tells whether a warm Python zygote is ready and Warm
+// whether the agent's language runtime is; with Warm set it starts that
+// runtime. Code, TimeoutMS and MaxOutputBytes are ignored.
 const PingLanguage = "__ping__"
 
 // Jobs. A job is a long-lived `bash -c` command that runs beside runs: it

@@ -42,18 +42,60 @@ func (s *Server) execute(ctx context.Context, lang string, cmd Command, path str
 		return Response{ExitCode: -1, Error: "open /dev/null: " + err.Error()}
 	}
 	defer stdin.Close()
-	outR, outW, err := os.Pipe()
-	if err != nil {
-		return Response{ExitCode: -1, Error: "pipe: " + err.Error()}
+	start := time.Now()
+	var p *proc
+	var outR, errR *os.File
+	usedZygote := false
+	// No infrastructure process starts while the run's code executes.
+	locked := false
+	lock := func() { codeLock.RLock(); locked = true }
+	defer func() {
+		if locked {
+			codeLock.RUnlock()
+		}
+	}()
+	if s.node != nil && filepath.Ext(path) == ".js" && (lang == LangTypeScript || lang == LangJavaScript) {
+		p, outR, errR, err = s.node.spawn(ctx, path, s.opts.WorkDir, lock)
+		if err != nil {
+			s.logf("running node directly: %v", err)
+		}
+	}
+	if p == nil {
+		lock()
+		var outW, errW *os.File
+		if outR, outW, err = os.Pipe(); err != nil {
+			return Response{ExitCode: -1, Error: "pipe: " + err.Error()}
+		}
+		defer outW.Close()
+		if errR, errW, err = os.Pipe(); err != nil {
+			outR.Close()
+			return Response{ExitCode: -1, Error: "pipe: " + err.Error()}
+		}
+		defer errW.Close()
+		if lang == LangPython && s.zyg != nil {
+			p, err = s.zyg.spawn(ctx, path, s.opts.WorkDir, env, stdin, outW, errW)
+			if err != nil {
+				s.logf("zygote unavailable, running python3 directly: %v", err)
+				p = nil
+			} else {
+				usedZygote = true
+			}
+		}
+		if p == nil {
+			p, err = s.spawnDirect(lang, cmd, path, withEnv(s.opts.Env, env), stdin, outW, errW)
+			if err != nil {
+				outR.Close()
+				errR.Close()
+				return Response{ExitCode: -1, Error: err.Error()}
+			}
+		}
+		// The children hold their own copies now.
+		outW.Close()
+		errW.Close()
 	}
 	defer outR.Close()
-	defer outW.Close()
-	errR, errW, err := os.Pipe()
-	if err != nil {
-		return Response{ExitCode: -1, Error: "pipe: " + err.Error()}
-	}
 	defer errR.Close()
-	defer errW.Close()
+	stdin.Close()
 
 	type captured struct {
 		data      []byte
@@ -63,29 +105,6 @@ func (s *Server) execute(ctx context.Context, lang string, cmd Command, path str
 	errC := make(chan captured, 1)
 	go func() { d, t := drain(outR, limit); outC <- captured{d, t} }()
 	go func() { d, t := drain(errR, limit); errC <- captured{d, t} }()
-
-	start := time.Now()
-	var p *proc
-	usedZygote := false
-	if lang == LangPython && s.zyg != nil {
-		p, err = s.zyg.spawn(ctx, path, s.opts.WorkDir, env, stdin, outW, errW)
-		if err != nil {
-			s.logf("zygote unavailable, running python3 directly: %v", err)
-			p = nil
-		} else {
-			usedZygote = true
-		}
-	}
-	if p == nil {
-		p, err = s.spawnDirect(lang, cmd, path, withEnv(s.opts.Env, env), stdin, outW, errW)
-		if err != nil {
-			return Response{ExitCode: -1, Error: err.Error()}
-		}
-	}
-	// The children hold their own copies now.
-	outW.Close()
-	errW.Close()
-	stdin.Close()
 
 	timer := time.NewTimer(timeout)
 	defer timer.Stop()
@@ -156,6 +175,7 @@ func (s *Server) execute(ctx context.Context, lang string, cmd Command, path str
 		TimedOut:        timedOut,
 		DurationMS:      dur.Milliseconds(),
 		Zygote:          usedZygote,
+		Cold:            lang == LangPython && s.zyg != nil && !usedZygote,
 	}
 }
 

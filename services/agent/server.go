@@ -11,6 +11,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"os/signal"
 	"path/filepath"
 	"sync"
 	"sync/atomic"
@@ -74,10 +75,20 @@ type Options struct {
 	// AllowLocalPeers disables, in container sweep mode, the refusal of
 	// clients that live in the agent's own PID namespace (see peerAllowed).
 	AllowLocalPeers bool
+	// WarmOnRequest starts the language's runtime (zygote, Node resident)
+	// only when a ping asks for it (Request.Warm), not at once.
+	WarmOnRequest bool
+	// IdleRelease stops the runtimes after this long without a run (0:
+	// never); see warm.go.
+	IdleRelease time.Duration
+	// NodeToolchain is the TypeScript toolchain directory (see node.go;
+	// default: found from the typescript command).
+	NodeToolchain string
 
-	// zygoteReady, if set, is called with the pid of every zygote that
-	// became ready (tests).
-	zygoteReady func(pid int)
+	// zygoteReady, residentReady and spareReady, if set, are called with
+	// the pid of every zygote, Node resident or Node spare that became
+	// ready (tests).
+	zygoteReady, residentReady, spareReady func(pid int)
 }
 
 // BaseEnv returns the minimal environment given to runs: PATH from the
@@ -113,7 +124,12 @@ type Server struct {
 	logMu sync.Mutex
 	runN  atomic.Int64
 	zyg   *zygoteManager // nil without zygote
+	node  *nodeRuntime   // nil without a TypeScript toolchain
 	nb    *notebook
+	// lastActive is when the last run ended or the last warm request came
+	// (UnixNano); ran is set by the first run (see releaseWhenIdle).
+	lastActive atomic.Int64
+	ran        atomic.Bool
 
 	jobsMu sync.Mutex
 	nJobs  int // live jobs, at most MaxJobs
@@ -134,6 +150,7 @@ func Serve(ctx context.Context, opts Options) error {
 		return err
 	}
 	reserveThreads(spareThreads)
+	defaultIgnoredSignals()
 	ln := opts.Listener
 	if ln == nil {
 		_ = os.Remove(opts.Socket)
@@ -148,9 +165,22 @@ func Serve(ctx context.Context, opts Options) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	if s.zyg != nil {
-		s.zyg.start(ctx)
+		s.zyg.begin(ctx)
+	}
+	if s.node != nil {
+		s.node.begin(ctx)
+	}
+	if !opts.WarmOnRequest {
+		s.warm()
 	}
 	var wg sync.WaitGroup
+	if opts.IdleRelease > 0 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s.releaseWhenIdle(ctx)
+		}()
+	}
 	stop := context.AfterFunc(ctx, func() { ln.Close() })
 	defer stop()
 	var acceptErr error
@@ -188,6 +218,9 @@ func Serve(ctx context.Context, opts Options) error {
 	if s.zyg != nil {
 		s.zyg.shutdown()
 	}
+	if s.node != nil {
+		s.node.shutdown()
+	}
 	s.nb.shutdown() // no run is left to use it
 	if opts.Listener == nil {
 		_ = os.Remove(opts.Socket)
@@ -224,6 +257,7 @@ func newServer(opts Options) (*Server, error) {
 		return nil, fmt.Errorf("agent: %w", err)
 	}
 	becomeSubreaper()
+	initInfraSession()
 	if mode == SweepContainer {
 		setDumpable(false)
 	}
@@ -232,6 +266,7 @@ func newServer(opts Options) (*Server, error) {
 	if opts.Language == LangPython && !opts.NoZygote {
 		s.zyg = newZygoteManager(s)
 	}
+	s.node = newNodeRuntime(s)
 	return s, nil
 }
 
@@ -339,7 +374,14 @@ func (s *Server) serveConn(ctx context.Context, br *bufio.Reader) (resp Response
 		return Response{}, jreq, nil
 	}
 	if req.Language == PingLanguage {
-		return Response{Zygote: s.zyg != nil && s.zyg.ready()}, nil, nil
+		if req.Warm {
+			s.noteActive()
+			s.warm()
+		}
+		return Response{Zygote: s.zyg != nil && s.zyg.isReady(), Warm: s.isWarm()}, nil, nil
+	}
+	if req.Warm {
+		return Response{ExitCode: -1, Error: "bad request: warm is for pings only"}, nil, nil
 	}
 	return s.run(ctx, req), nil, nil
 }
@@ -485,6 +527,11 @@ func (s *Server) run(ctx context.Context, req Request) Response {
 		return Response{ExitCode: -1, Error: "agent shutting down"}
 	}
 	defer func() { <-runSem }()
+	s.ran.Store(true)
+	defer s.noteActive()
+	if !s.opts.WarmOnRequest {
+		s.warm() // again after an idle release
+	}
 	if req.Mode == ModeNotebook {
 		return s.notebookRun(ctx, req, timeout, limit)
 	}
@@ -505,7 +552,51 @@ func (s *Server) run(ctx context.Context, req Request) Response {
 			s.logf("figures: %v", err)
 		}
 	}
-	resp := s.execute(ctx, lang, cmd, path, env, timeout, limit)
+	start := time.Now()
+	if s.node != nil && (lang == LangTypeScript || lang == LangJavaScript) {
+		if lang == LangTypeScript {
+			js := filepath.Join(dir, "main.js")
+			n, diags, err := s.node.check(ctx, path, js, start.Add(timeout))
+			switch {
+			case errors.Is(err, errCheckTimeout):
+				return Response{ExitCode: -1, Signal: "SIGKILL", TimedOut: true, Stdout: []byte{},
+					Stderr:     []byte("the TypeScript type check did not finish within the timeout\n"),
+					DurationMS: time.Since(start).Milliseconds()}
+			case err != nil:
+				s.logf("no type check, running %s: %v", cmd.Argv[0], err)
+			case n > 0: // reported as tsc does; nothing runs
+				out := Response{ExitCode: 1, Stdout: []byte{}, Stderr: []byte(diags), DurationMS: time.Since(start).Milliseconds()}
+				if len(diags) > limit {
+					out.Stderr, out.Truncated = out.Stderr[:limit], true
+				}
+				return out
+			default:
+				path, cmd = js, s.node.command()
+			}
+		} else {
+			cmd = s.node.command()
+		}
+	}
+	resp := s.execute(ctx, lang, cmd, path, env, timeout-time.Since(start), limit)
+	resp.DurationMS = time.Since(start).Milliseconds()
 	s.nb.freeze()
 	return resp
+}
+
+// defaultIgnoredSignals undoes, for what the agent starts, SIGHUP and
+// SIGINT inherited as ignored (a broker under nohup, a shell's `&`): an
+// ignored signal stays ignored across exec, so every run and job would
+// ignore the HUP and INT the job tools send, and a shell could not even
+// trap them. A handler (whose signals are dropped, so the agent still
+// ignores them) is reset to the default at exec.
+func defaultIgnoredSignals() {
+	var sigs []os.Signal
+	for _, sig := range []os.Signal{syscall.SIGHUP, syscall.SIGINT} {
+		if signal.Ignored(sig) {
+			sigs = append(sigs, sig)
+		}
+	}
+	if len(sigs) > 0 {
+		signal.Notify(make(chan os.Signal, 1), sigs...)
+	}
 }

@@ -87,9 +87,10 @@ func resolveSweepMode(m SweepMode) (SweepMode, error) {
 //
 // spawnMu is held while a child is started and registered and during every
 // sweep round, so a sweep never sees a just-forked child it does not know
-// about yet. protected holds the pids the sweep must spare (live zygotes);
+// about yet. protected holds the pids the sweep must spare (live zygotes,
+// the Node resident and idle spare);
 // managed holds the pids some exec.Cmd will wait for, which the sweep must
-// not reap itself.
+// not reap itself. See infra.go for what else the sweep spares.
 //
 // jobSessions holds the session IDs of live jobs (a job leader starts its
 // own session, so the ID is also its pid): the post-run sweep spares every
@@ -136,11 +137,11 @@ type procInfo struct {
 const pfExiting = 0x4
 
 // spareOfZygote reports whether p is an idle spare of a live zygote: a
-// child of a protected process that is still in that process's session
-// (the zygote is a session leader; a spare calls setsid before it runs any
-// code, and nothing can join another session). Caller holds spawnMu.
+// child of a protected process that is still in the agent's session (see
+// infra.go: a spare calls setsid before it runs any code, and nothing can
+// join another session). Caller holds spawnMu.
 func spareOfZygote(p procInfo) bool {
-	return protected[p.ppid] && p.sid == p.ppid && p.state != 'Z' && p.state != 'X'
+	return protected[p.ppid] && p.sid == infraSID && p.state != 'Z' && p.state != 'X'
 }
 
 type procKey struct {

@@ -9,7 +9,6 @@ import (
 	"net"
 	"os"
 	"os/exec"
-	"sync"
 	"syscall"
 	"time"
 )
@@ -23,122 +22,37 @@ var zygoteScript string
 const (
 	// zygoteReadyTimeout bounds the zygote's start-up (the heavy imports).
 	zygoteReadyTimeout = 2 * time.Minute
-	// zygoteWaitForReady is how long a run waits for a zygote that is
-	// still starting before it falls back to python3.
-	zygoteWaitForReady = 10 * time.Second
 	// zygoteReplyTimeout bounds the zygote's answer to a fork request.
 	zygoteReplyTimeout = 2 * time.Second
-	// zygoteMaxBackoff caps the delay between restarts of a failing zygote.
-	zygoteMaxBackoff = 30 * time.Second
 )
 
 type zygote struct {
-	cmd  *exec.Cmd
+	ch   *child
 	conn *net.UnixConn
 	pid  int
-	dead chan struct{} // closed once the process has been waited for
 }
 
-func (z *zygote) kill() { _ = z.cmd.Process.Kill() }
+func (z *zygote) procID() int             { return z.pid }
+func (z *zygote) kill()                   { _ = syscall.Kill(z.pid, syscall.SIGKILL) }
+func (z *zygote) exited() <-chan struct{} { return z.ch.done }
 
-// zygoteManager keeps one Python zygote alive, restarting it in the
-// background with backoff when it dies or misbehaves.
+// zygoteManager keeps one Python zygote alive once warm, restarting it in
+// the background with backoff when it dies or misbehaves. A run never
+// waits for it: until it is ready, python runs start python3 directly.
 type zygoteManager struct {
-	s *Server
-
-	mu       sync.Mutex
-	ctx      context.Context
-	cur      *zygote       // ready zygote, nil if none
-	starting bool          // a boot is in progress or scheduled
-	settled  chan struct{} // closed when the current boot attempt ends
-	failures int
-	closed   bool
-	all      map[*zygote]bool // every live zygote process, for shutdown
+	*keeper[*zygote]
 }
 
 func newZygoteManager(s *Server) *zygoteManager {
-	return &zygoteManager{s: s, all: map[*zygote]bool{}}
+	m := &zygoteManager{}
+	m.keeper = newKeeper(s, "zygote", m.startZygote, m.waitSealed, m.waitZygote)
+	m.onReady = s.opts.zygoteReady
+	return m
 }
 
-func (m *zygoteManager) start(ctx context.Context) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	m.ctx = ctx
-	m.launchLocked()
-}
-
-func (m *zygoteManager) ready() bool {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return m.cur != nil
-}
-
-// launchLocked schedules a boot unless one is under way.
-func (m *zygoteManager) launchLocked() {
-	if m.starting || m.closed || m.cur != nil || m.ctx == nil || m.ctx.Err() != nil {
-		return
-	}
-	m.starting = true
-	m.settled = make(chan struct{})
-	delay := time.Duration(0)
-	if m.failures > 0 {
-		delay = 100 * time.Millisecond << min(m.failures-1, 10)
-		delay = min(delay, zygoteMaxBackoff)
-	}
-	go m.boot(m.ctx, delay, m.settled)
-}
-
-func (m *zygoteManager) boot(ctx context.Context, delay time.Duration, settled chan struct{}) {
-	z, err := m.bootOnce(ctx, delay)
-	m.mu.Lock()
-	m.starting = false
-	if err == nil && m.closed {
-		err = errors.New("agent shutting down")
-	}
-	if err == nil {
-		select {
-		case <-z.dead: // died before it could be used; died() saw starting
-			err = errors.New("exited right after start")
-		default:
-		}
-	}
-	if err == nil {
-		m.cur = z
-		m.failures = 0
-	} else {
-		m.failures++
-	}
-	close(settled)
-	hook := m.s.opts.zygoteReady
-	m.mu.Unlock()
-	if err != nil {
-		if z != nil {
-			z.kill()
-		}
-		if ctx.Err() == nil {
-			m.s.logf("zygote: %v", err)
-		}
-		m.mu.Lock()
-		m.launchLocked() // retry with backoff (no-op when shutting down)
-		m.mu.Unlock()
-		return
-	}
-	if hook != nil {
-		hook(z.pid)
-	}
-}
-
-// bootOnce starts a zygote and waits for its ready message.
-func (m *zygoteManager) bootOnce(ctx context.Context, delay time.Duration) (*zygote, error) {
-	if delay > 0 {
-		t := time.NewTimer(delay)
-		defer t.Stop()
-		select {
-		case <-t.C:
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		}
-	}
+// startZygote starts a zygote in the agent's session, in a process group
+// of its own (its spares, not group leaders, can then call setsid).
+func (m *zygoteManager) startZygote() (*zygote, error) {
 	s := m.s
 	bin, err := lookPath("python3", envValue(s.opts.Env, "PATH"))
 	if err != nil {
@@ -163,88 +77,63 @@ func (m *zygoteManager) bootOnce(ctx context.Context, delay time.Duration) (*zyg
 		return nil, err
 	}
 	defer devnull.Close()
-	c := &exec.Cmd{
-		Path:        bin,
-		Args:        []string{"python3", "-c", zygoteScript},
-		Env:         s.opts.Env,
-		Dir:         "/",
-		Stdin:       devnull,
-		Stdout:      devnull,
-		Stderr:      s.log,
-		ExtraFiles:  []*os.File{theirs}, // fd 3
-		SysProcAttr: &syscall.SysProcAttr{Setsid: true},
-		WaitDelay:   time.Second,
-	}
-	spawnMu.Lock()
-	err = c.Start()
-	if err == nil {
-		protected[c.Process.Pid] = true
-		managed[c.Process.Pid] = true
-	}
-	spawnMu.Unlock()
+	ch, err := s.startInfra(&exec.Cmd{
+		Path:       bin,
+		Args:       []string{"python3", "-s", "-c", zygoteScript}, // -s: no user site (runs write it)
+		Env:        s.opts.Env,
+		Dir:        "/",
+		Stdin:      devnull,
+		Stdout:     devnull,
+		Stderr:     s.log,
+		ExtraFiles: []*os.File{theirs}, // fd 3
+	}, true)
 	if err != nil {
 		conn.Close()
 		return nil, fmt.Errorf("start: %w", err)
 	}
-	z := &zygote{cmd: c, conn: conn, pid: c.Process.Pid, dead: make(chan struct{})}
-	m.mu.Lock()
-	m.all[z] = true
-	m.mu.Unlock()
 	go func() {
-		err := c.Wait()
-		spawnMu.Lock()
-		delete(protected, z.pid)
-		delete(managed, z.pid)
-		spawnMu.Unlock()
+		<-ch.done
 		conn.Close()
-		close(z.dead)
-		m.died(z, err)
 	}()
+	return &zygote{ch: ch, conn: conn, pid: ch.pid}, nil
+}
 
-	_ = conn.SetReadDeadline(time.Now().Add(zygoteReadyTimeout))
-	stop := context.AfterFunc(ctx, func() { _ = conn.SetReadDeadline(time.Now()) })
+// waitSealed waits for the zygote's first message: it is non-dumpable.
+func (m *zygoteManager) waitSealed(ctx context.Context, z *zygote) error {
+	_ = z.conn.SetReadDeadline(time.Now().Add(sealTimeout))
+	stop := context.AfterFunc(ctx, func() { _ = z.conn.SetReadDeadline(time.Now()) })
+	defer stop()
+	var m1 struct {
+		Sealed bool `json:"sealed"`
+	}
+	if err := readMsg(z.conn, &m1); err != nil {
+		return err
+	}
+	if !m1.Sealed {
+		return errors.New("bad first message")
+	}
+	return nil
+}
+
+// waitZygote waits for the zygote's ready message.
+func (m *zygoteManager) waitZygote(ctx context.Context, z *zygote) error {
+	_ = z.conn.SetReadDeadline(time.Now().Add(zygoteReadyTimeout))
+	stop := context.AfterFunc(ctx, func() { _ = z.conn.SetReadDeadline(time.Now()) })
 	defer stop()
 	var hello struct {
 		Ready     bool     `json:"ready"`
 		PID       int      `json:"pid"`
 		Preloaded []string `json:"preloaded"`
 	}
-	if err := readMsg(conn, &hello); err != nil {
-		return z, fmt.Errorf("waiting for ready: %w", err)
+	if err := readMsg(z.conn, &hello); err != nil {
+		return fmt.Errorf("waiting for ready: %w", err)
 	}
 	if !hello.Ready || hello.PID != z.pid {
-		return z, fmt.Errorf("bad ready message (pid %d, want %d)", hello.PID, z.pid)
+		return fmt.Errorf("bad ready message (pid %d, want %d)", hello.PID, z.pid)
 	}
-	_ = conn.SetReadDeadline(time.Time{})
-	s.logf("zygote %d ready, preloaded %v", z.pid, hello.Preloaded)
-	return z, nil
-}
-
-// died is called once a zygote process has exited.
-func (m *zygoteManager) died(z *zygote, err error) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	delete(m.all, z)
-	if m.cur == z {
-		m.cur = nil
-		m.failures++
-		if !m.closed {
-			m.s.logf("zygote %d exited (%v); restarting", z.pid, err)
-		}
-	}
-	m.launchLocked()
-}
-
-// discard kills a misbehaving zygote; died schedules its replacement.
-func (m *zygoteManager) discard(z *zygote, why error) {
-	m.s.logf("zygote %d discarded: %v", z.pid, why)
-	m.mu.Lock()
-	if m.cur == z {
-		m.cur = nil
-	}
-	m.launchLocked()
-	m.mu.Unlock()
-	z.kill()
+	_ = z.conn.SetReadDeadline(time.Time{})
+	m.s.logf("zygote %d preloaded %v", z.pid, hello.Preloaded)
+	return nil
 }
 
 // discardTainted discards a zygote that failed after it may have received
@@ -254,56 +143,22 @@ func (m *zygoteManager) discard(z *zygote, why error) {
 func (m *zygoteManager) discardTainted(z *zygote, why error) {
 	m.discard(z, why)
 	select {
-	case <-z.dead:
+	case <-z.exited():
 	case <-time.After(killGraceWait):
 	}
 	sweep(m.s.mode, m.s.opts.ProcRoot)
-}
-
-// get returns the ready zygote, waiting a bounded time for one that is
-// starting.
-func (m *zygoteManager) get(ctx context.Context) (*zygote, error) {
-	m.mu.Lock()
-	z, settled := m.cur, m.settled
-	starting := m.starting
-	if z == nil && !starting {
-		m.launchLocked()
-	}
-	m.mu.Unlock()
-	if z != nil {
-		return z, nil
-	}
-	if !starting {
-		return nil, errors.New("no zygote running")
-	}
-	t := time.NewTimer(zygoteWaitForReady)
-	defer t.Stop()
-	select {
-	case <-settled:
-	case <-t.C:
-		return nil, errors.New("zygote still starting")
-	case <-ctx.Done():
-		return nil, ctx.Err()
-	}
-	m.mu.Lock()
-	z = m.cur
-	m.mu.Unlock()
-	if z == nil {
-		return nil, errors.New("zygote failed to start")
-	}
-	return z, nil
 }
 
 // spawn asks the zygote to fork a child running path with the given stdio.
 // Any failure discards the zygote (a replacement starts in the background)
 // and is returned so that the caller falls back to a direct spawn.
 func (m *zygoteManager) spawn(ctx context.Context, path, cwd string, env map[string]string, stdin, stdout, stderr *os.File) (*proc, error) {
-	z, err := m.get(ctx)
+	z, err := m.get(ctx, 0, false)
 	if err != nil {
 		return nil, err
 	}
 	select {
-	case <-z.dead:
+	case <-z.exited():
 		m.discard(z, errors.New("exited"))
 		return nil, errors.New("zygote exited")
 	default:
@@ -400,47 +255,6 @@ func waitOrphan(ctx context.Context, pid int) outcome {
 		case <-time.After(2 * time.Millisecond):
 		}
 	}
-}
-
-// shutdown kills every zygote and waits for them.
-func (m *zygoteManager) shutdown() {
-	m.mu.Lock()
-	m.closed = true
-	m.cur = nil
-	zs := make([]*zygote, 0, len(m.all))
-	for z := range m.all {
-		zs = append(zs, z)
-	}
-	settled := m.settled
-	m.mu.Unlock()
-	if settled != nil {
-		<-settled // ctx is done, so a boot in progress returns promptly
-	}
-	m.mu.Lock()
-	for z := range m.all {
-		if !containsZygote(zs, z) {
-			zs = append(zs, z)
-		}
-	}
-	m.mu.Unlock()
-	for _, z := range zs {
-		z.conn.Close() // the zygote exits on EOF
-		select {
-		case <-z.dead:
-		case <-time.After(time.Second):
-			z.kill()
-			<-z.dead
-		}
-	}
-}
-
-func containsZygote(zs []*zygote, z *zygote) bool {
-	for _, x := range zs {
-		if x == z {
-			return true
-		}
-	}
-	return false
 }
 
 // readMsg reads one packet and decodes it as JSON.

@@ -1,14 +1,16 @@
 # sandbox-broker agent: Python zygote.
 #
 # Started by the agent as `python3 -c <this file>` with a SOCK_SEQPACKET
-# socket on fd 3. Imports the heavy modules once, then keeps one forked
-# spare child idle (in the zygote's session, signals blocked, non-dumpable)
+# socket on fd 3, in the agent's session (services/agent/infra.go). Imports
+# the heavy modules once, then keeps one forked spare child idle (in that
+# session, signals blocked, non-dumpable)
 # and hands each request to it, forking the next spare off the critical
 # path: right after a short run's status, or while a longer run (over
 # SPARE_DELAY_MS) is still going. The agent's sweep spares a zygote's
-# children that are still in its session (see sweep.go). Messages are
+# children that are still in the agent's session (see sweep.go). Messages are
 # single JSON objects, one per packet:
 #
+#   zygote -> agent  {"sealed": true}             (it is non-dumpable now)
 #   zygote -> agent  {"ready": true, "pid": N, "preloaded": [...]}
 #   agent  -> zygote {"path": "/tmp/run-1/main.py", "cwd": "/mnt/data",
 #                     "env": {"MPLBACKEND": ..., "PYTHONPATH": ...} | null}
@@ -143,7 +145,7 @@ def _spare(chan, zygote_pid):
     try:
         os.setsid()
     except OSError:
-        os._exit(0)  # must not stay in the zygote's session
+        os._exit(0)  # must not stay in the agent's session
     _prctl(1, 0)  # the run outlives a dying zygote
     try:
         chan.send(b"ok")
@@ -188,6 +190,7 @@ def _spare(chan, zygote_pid):
             pass
     sys.argv = [path]
     sys.path[0] = os.path.dirname(path)
+    _user_site()
     if env:
         _use_env(env)
     import runpy
@@ -205,6 +208,20 @@ def _spare(chan, zygote_pid):
         traceback.print_exception(type(e), e, t if t is not None else tb)
         return 1
     return 0
+
+
+def _user_site():
+    """The zygote runs with -s (its user site directory is the runs' to
+    write); a run gets it as `python3 main.py` would."""
+    try:
+        import site
+
+        site.ENABLE_USER_SITE = True
+        user = site.getusersitepackages()
+        if os.path.isdir(user):
+            site.addsitedir(user)
+    except Exception:
+        pass
 
 
 def _use_env(env):
@@ -387,6 +404,7 @@ class _Zygote:
 def _serve():
     ctrl = socket.socket(fileno=CTRL_FD)
     _dumpable(0)
+    ctrl.send(b'{"sealed": true}')
     preloaded = _preload()
     import gc
 

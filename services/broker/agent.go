@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"path/filepath"
 	"time"
 
 	"github.com/sandbox-broker/sandbox-broker/config"
@@ -96,7 +95,7 @@ func (b *Broker) openTasks(ctx context.Context, cfg config.Config, runs *tools.J
 		b.log.Warn().Msg("agent_tasks_need_docker")
 		return t, nil
 	}
-	if b.modelBudget, err = modelgw.OpenBudget(ctx, filepath.Join(cfg.Root, "state.db"), nil); err != nil {
+	if b.modelBudget, err = modelgw.OpenBudget(ctx, cfg.StatePath(), nil); err != nil {
 		return nil, fmt.Errorf("model budget: %w", err)
 	}
 	b.checks = append(b.checks, check{"model_budget", b.modelBudget.Ping})

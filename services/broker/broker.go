@@ -26,35 +26,39 @@ import (
 	"github.com/sandbox-broker/sandbox-broker/services/identity"
 	"github.com/sandbox-broker/sandbox-broker/services/jobs"
 	"github.com/sandbox-broker/sandbox-broker/services/logging"
+	"github.com/sandbox-broker/sandbox-broker/services/mcpsessions"
 	"github.com/sandbox-broker/sandbox-broker/services/modelgw"
 	"github.com/sandbox-broker/sandbox-broker/services/projects"
 	"github.com/sandbox-broker/sandbox-broker/services/quota"
 	"github.com/sandbox-broker/sandbox-broker/services/rootfs"
 	"github.com/sandbox-broker/sandbox-broker/services/sandbox"
 	"github.com/sandbox-broker/sandbox-broker/services/sessions"
+	"github.com/sandbox-broker/sandbox-broker/services/statedb"
 	"github.com/sandbox-broker/sandbox-broker/services/uids"
 	"github.com/sandbox-broker/sandbox-broker/tools"
 )
 
 // Broker is one running sandbox-broker.
 type Broker struct {
-	cfg       config.Config
-	version   string
-	started   time.Time
-	log       zerolog.Logger
-	redactor  *redact.Redactor
-	audit     *audit.Log
-	auditKeys audit.Keys // the web console's "verify now"
-	quota     *quota.Store
-	metrics   *middleware.Metrics
-	pm        *productMetrics
-	tokens    *identity.Registry // nil on stdio
-	oauth     *brokerOAuth       // nil unless OAuth is on (HTTP only)
-	mcp       *server.MCPServer
-	tools     []tools.ServerTool
-	resources []tools.ServerResource
-	sessions  *sessionOwners
-	checks    []check
+	cfg         config.Config
+	version     string
+	started     time.Time
+	log         zerolog.Logger
+	redactor    *redact.Redactor
+	audit       *audit.Log
+	auditKeys   audit.Keys // the web console's "verify now"
+	quota       *quota.Store
+	leader      *statedb.Leader   // which replica runs the background loops
+	presence    *statedb.Presence // replicas on PostgreSQL only: this one is running
+	metrics     *middleware.Metrics
+	pm          *productMetrics
+	tokens      *identity.Registry // nil on stdio
+	oauth       *brokerOAuth       // nil unless OAuth is on (HTTP only)
+	mcp         *server.MCPServer
+	tools       []tools.ServerTool
+	resources   []tools.ServerResource
+	mcpSessions *mcpsessions.Store // MCP session IDs and their owners
+	checks      []check
 	// Sandbox engine; backend and sandboxes are nil when none is available.
 	backend   sandbox.Backend
 	sandboxes *sessions.Manager
@@ -62,8 +66,9 @@ type Broker struct {
 	projects  *projects.Manager // nil without a project provider
 	github    *github.Manager   // nil without GITHUB_REPOS_FILE
 	signer    *files.Signer
-	uids      *uids.Allocator // sandbox host uids, shared by the engines
-	slots     *sandbox.Slots  // the live-container cap, shared likewise
+	uids      *uids.Allocator  // sandbox host uids, shared by the engines
+	slots     *sandbox.Slots   // the live-container cap, shared likewise
+	warmups   *sandbox.Warmups // the sandboxes' background warm-ups, shared likewise
 	// Where previews are served, once ListenPreviews bound their listener;
 	// previewOff says why there is none.
 	preview    atomic.Pointer[previewSite]
@@ -112,7 +117,7 @@ func New(ctx context.Context, cfg config.Config, opts Options) (b *Broker, err e
 	if err != nil {
 		return nil, fmt.Errorf("SANDBOX_ROOT: %w", err)
 	}
-	nb := &Broker{cfg: cfg, version: opts.Version, started: time.Now(), sessions: newSessionOwners(), refusals: newHTTPRefusals(),
+	nb := &Broker{cfg: cfg, version: opts.Version, started: time.Now(), refusals: newHTTPRefusals(),
 		egress: egressQuotas{maxAge: time.Duration(cfg.MaxAgeS) * time.Second}}
 	b = nb
 	defer func() {
@@ -161,13 +166,23 @@ func New(ctx context.Context, cfg config.Config, opts Options) (b *Broker, err e
 	}
 
 	if b.audit, err = audit.Open(ctx, audit.Options{
-		Path: filepath.Join(cfg.Root, "audit.db"), CheckpointPath: filepath.Join(cfg.Root, "audit.checkpoints"), Keys: keys,
+		Path: cfg.AuditPath(), CheckpointPath: filepath.Join(cfg.Root, "audit.checkpoints"), Keys: keys,
 	}); err != nil {
 		return nil, fmt.Errorf("open audit log: %w", err)
 	}
-	if b.quota, err = quota.Open(ctx, filepath.Join(cfg.Root, "state.db"), nil); err != nil {
+	if b.quota, err = quota.Open(ctx, cfg.StatePath(), nil); err != nil {
 		return nil, fmt.Errorf("open state store: %w", err)
 	}
+	if b.leader, err = statedb.NewLeader(cfg.StatePath()); err != nil {
+		return nil, fmt.Errorf("open state store: %w", err)
+	}
+	if err := b.openPresence(ctx, cfg); err != nil {
+		return nil, fmt.Errorf("open state store: %w", err)
+	}
+	if b.mcpSessions, err = mcpsessions.Open(ctx, cfg.StatePath(), nil); err != nil {
+		return nil, fmt.Errorf("open state store: %w", err)
+	}
+	b.lead(10*time.Minute, b.mcpSessions.Prune)
 	b.metrics = middleware.NewMetrics()
 	b.sandboxMetrics = b.metrics.NewSandboxMetrics(func() int {
 		if b.sandboxes == nil {
@@ -305,6 +320,15 @@ func (b *Broker) Close() error {
 	}
 	if b.modelBudget != nil {
 		errs = append(errs, b.modelBudget.Close())
+	}
+	if b.mcpSessions != nil {
+		errs = append(errs, b.mcpSessions.Close())
+	}
+	if b.leader != nil {
+		errs = append(errs, b.leader.Close())
+	}
+	if b.presence != nil {
+		errs = append(errs, b.presence.Close())
 	}
 	return errors.Join(errs...)
 }

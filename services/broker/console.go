@@ -57,11 +57,11 @@ func (b *Broker) mountConsole(mux *http.ServeMux, self func() http.Handler) {
 func (b *Broker) consoleServer() *server.MCPServer {
 	ts := tools.ConsoleToolset(&tools.Console{
 		Audit: &tools.AuditDesk{
-			Path:           filepath.Join(b.cfg.Root, "audit.db"),
+			Path:           b.cfg.AuditPath(),
 			CheckpointPath: filepath.Join(b.cfg.Root, "audit.checkpoints"),
 			Verifier:       b.auditKeys.Verifier,
 			Verify: func(ctx context.Context) (audit.VerifyReport, error) {
-				return audit.Verify(ctx, audit.VerifyOptions{Path: filepath.Join(b.cfg.Root, "audit.db"),
+				return audit.Verify(ctx, audit.VerifyOptions{Path: b.cfg.AuditPath(),
 					CheckpointPath: filepath.Join(b.cfg.Root, "audit.checkpoints"), Keys: b.auditKeys})
 			},
 		},

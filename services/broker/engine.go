@@ -4,9 +4,11 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"time"
 
@@ -26,6 +28,7 @@ import (
 	"github.com/sandbox-broker/sandbox-broker/services/projects/local"
 	"github.com/sandbox-broker/sandbox-broker/services/sandbox"
 	"github.com/sandbox-broker/sandbox-broker/services/sessions"
+	"github.com/sandbox-broker/sandbox-broker/services/statedb"
 	"github.com/sandbox-broker/sandbox-broker/services/uids"
 	"github.com/sandbox-broker/sandbox-broker/services/workspace"
 	"github.com/sandbox-broker/sandbox-broker/tools"
@@ -66,10 +69,13 @@ func (b *Broker) openEngine(ctx context.Context, cfg config.Config) error {
 	if err != nil {
 		return fmt.Errorf("install the sandbox agent: %w", err)
 	}
-	if b.uids, err = uids.Open(ctx, filepath.Join(cfg.Root, "state.db"), cfg.SandboxUID, cfg.SandboxUIDs); err != nil {
+	if b.uids, err = uids.Open(ctx, cfg.StatePath(), cfg.SandboxUID, cfg.SandboxUIDs); err != nil {
 		return fmt.Errorf("SANDBOX_UID/SANDBOX_UIDS: %w", err)
 	}
 	b.slots = sandbox.NewSlots(cfg.MaxContainers)
+	// Preloads (a CPU-second each) yield to sandbox starts and use at most
+	// half the CPUs.
+	b.warmups = sandbox.NewWarmups(runtime.NumCPU()/2, 500*time.Millisecond)
 	eng, dockerOK, err := b.openBackend(ctx, cfg, agentBin)
 	if err != nil && cfg.Backend != "auto" {
 		return fmt.Errorf("SANDBOX_BACKEND=%s cannot be used (set SANDBOX_BACKEND=auto to start without it): %s", cfg.Backend, causeText(b.redactor, err, 300))
@@ -82,7 +88,7 @@ func (b *Broker) openEngine(ctx context.Context, cfg config.Config) error {
 	b.backend = eng
 	b.checks = append(b.checks, check{"sandbox_backend", eng.Ping})
 	b.sandboxes, err = sessions.Open(ctx, sessions.Options{
-		DBPath:      filepath.Join(cfg.Root, "state.db"),
+		DBPath:      cfg.StatePath(),
 		Root:        cfg.Root,
 		Backend:     eng,
 		IdleTimeout: time.Duration(cfg.IdleTimeoutMS) * time.Millisecond,
@@ -96,18 +102,21 @@ func (b *Broker) openEngine(ctx context.Context, cfg config.Config) error {
 	}
 	b.checks = append(b.checks, check{"sessions", b.sandboxes.Ping})
 	if b.jobs, err = jobs.Open(ctx, jobs.Options{
-		DBPath:        filepath.Join(cfg.Root, "state.db"),
+		DBPath:        cfg.StatePath(),
 		Dir:           filepath.Join(cfg.Root, "jobs"),
 		MaxConcurrent: cfg.MaxConcurrent,
 		MaxPerSession: cfg.MaxPerSession,
 		LogMaxBytes:   cfg.JobLogMaxBytes,
 		Log:           logging.Component(b.log, "jobs"),
+		Presence:      b.presence,
 	}); err != nil {
 		return fmt.Errorf("open jobs: %w", err)
 	}
 	b.checks = append(b.checks, check{"jobs", b.jobs.Ping})
-	b.every(time.Hour, b.jobs.Prune)
-	b.every(reapEvery(time.Duration(cfg.IdleTimeoutMS)*time.Millisecond), b.sandboxes.Reap)
+	b.lead(time.Hour, b.jobs.Prune)
+	reap := reapEvery(time.Duration(cfg.IdleTimeoutMS) * time.Millisecond)
+	b.every(reap, b.sandboxes.ReleaseIdle)
+	b.lead(reap, b.sandboxes.Expire)
 	return b.openProjects(ctx, cfg, agentBin, dockerOK)
 }
 
@@ -121,6 +130,44 @@ func (b *Broker) loop(fn func(context.Context)) {
 		defer b.loops.Done()
 		fn(b.loopCtx)
 	}()
+}
+
+// presenceEvery is how often a replica re-checks (and after a PostgreSQL
+// restart, re-takes) the lock that tells the others it is running.
+const presenceEvery = 10 * time.Second
+
+// openPresence announces this broker to its replicas on PostgreSQL, so the
+// leader closes out a replica's jobs only once that replica is gone.
+func (b *Broker) openPresence(ctx context.Context, cfg config.Config) error {
+	if !statedb.IsPostgresURL(cfg.StatePath()) {
+		return nil
+	}
+	p, err := statedb.NewPresence(cfg.StatePath(), instanceID())
+	if err != nil {
+		return err
+	}
+	if !p.Keep(ctx) {
+		p.Close()
+		return errors.New("cannot take this replica's presence lock")
+	}
+	b.presence = p
+	b.every(presenceEvery, func(ctx context.Context) {
+		if !p.Keep(ctx) {
+			b.log.Warn().Msg("replica_presence_lost")
+		}
+	})
+	return nil
+}
+
+// lead runs fn each interval, in the background, until Close, on the
+// replica that leads: work on the shared state that one replica does for
+// all (with SQLite, every broker leads).
+func (b *Broker) lead(interval time.Duration, fn func(context.Context)) {
+	b.every(interval, func(ctx context.Context) {
+		if b.leader == nil || b.leader.Lead(ctx) {
+			fn(ctx)
+		}
+	})
 }
 
 // every runs fn each interval, in the background, until Close.
@@ -166,11 +213,15 @@ func (b *Broker) openBackend(ctx context.Context, cfg config.Config, agentBin st
 	}
 	eng, err := process.New(ctx, process.Options{
 		Root:        cfg.Root,
+		RunnersDir:  cfg.RunnersDir,
+		Languages:   agent.RunLanguages,
 		AgentBinary: agentBin,
 		UIDs:        b.uids,
 		MemoryBytes: cfg.MemoryMB << 20,
 		PidsLimit:   cfg.PidsLimit,
 		CPUMilli:    int64(cfg.CPUs),
+		IdleRelease: time.Duration(cfg.IdleReleaseMS) * time.Millisecond,
+		Warmups:     b.warmups,
 		Log:         b.log, // the backend names its component
 		WorkspaceLimits: workspace.Limits{MaxFiles: cfg.MaxFiles, MaxBytes: cfg.MaxWorkspaceMB << 20,
 			MaxFileBytes: min(cfg.MaxWorkspaceMB<<20, 64<<20)},
@@ -193,6 +244,8 @@ func (b *Broker) openDocker(ctx context.Context, cfg config.Config, agentBin str
 		UIDs:            b.uids,
 		Slots:           b.slots,
 		IdleTimeout:     time.Duration(cfg.IdleTimeoutMS) * time.Millisecond,
+		IdleRelease:     time.Duration(cfg.IdleReleaseMS) * time.Millisecond,
+		Warmups:         b.warmups,
 		OnAcquire:       b.pm.acquired,
 		Log:             b.log, // the engine names its component
 		WorkspaceLimits: workspaceLimits(cfg),
@@ -336,7 +389,7 @@ func (b *Broker) openProjects(ctx context.Context, cfg config.Config, agentBin s
 		return nil
 	}
 	if b.projects, err = projects.Open(ctx, projects.Options{
-		DBPath: filepath.Join(cfg.Root, "state.db"), Provider: p, Log: logging.Component(b.log, "projects"),
+		DBPath: cfg.StatePath(), Provider: p, Log: logging.Component(b.log, "projects"),
 	}); err != nil {
 		cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		_ = p.Close(cctx)
@@ -344,10 +397,10 @@ func (b *Broker) openProjects(ctx context.Context, cfg config.Config, agentBin s
 		return fmt.Errorf("open projects: %w", err)
 	}
 	b.checks = append(b.checks, check{"projects", b.projects.Ping})
-	b.every(time.Minute, b.projects.Reap)
+	b.lead(time.Minute, b.projects.Reap)
 	// Hosted sandboxes with the broker's tag but no row: at start, then
 	// now and then (a no-op for providers that cannot sweep).
 	b.loop(b.projects.Sweep)
-	b.every(30*time.Minute, b.projects.Sweep)
+	b.lead(30*time.Minute, b.projects.Sweep)
 	return nil
 }

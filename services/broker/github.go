@@ -45,7 +45,7 @@ func (b *Broker) openGitHub(ctx context.Context, cfg config.Config, repos []gith
 	// A repo that failed its start-up check is checked again now and then,
 	// so /readyz recovers once the token or the API is fixed; a token near
 	// its expiry is warned about even while idle.
-	b.every(githubRecheckEvery, func(ctx context.Context) {
+	b.lead(githubRecheckEvery, func(ctx context.Context) {
 		m.WarnExpiring(time.Now())
 		for id, st := range m.Status() {
 			if st != "ok" {

@@ -24,6 +24,7 @@ import (
 	"github.com/sandbox-broker/sandbox-broker/services/connguard"
 	"github.com/sandbox-broker/sandbox-broker/services/identity"
 	"github.com/sandbox-broker/sandbox-broker/services/logging"
+	"github.com/sandbox-broker/sandbox-broker/services/mcpsessions"
 )
 
 // HTTPHandler is the whole HTTP surface but previews, which have a
@@ -37,8 +38,8 @@ import (
 //	/, /console/       the web console (services/console)
 func (b *Broker) HTTPHandler() http.Handler {
 	mcpHTTP := server.NewStreamableHTTPServer(b.mcp,
-		server.WithSessionIdManager(newSessionIDs()),
-		server.WithSessionIdleTTL(sessionIdleTTL),
+		server.WithSessionIdManager(b.mcpSessions),
+		server.WithSessionIdleTTL(mcpsessions.IdleTTL),
 		server.WithHeartbeatInterval(25*time.Second),
 		server.WithStreamableHTTPLogger(logging.Slog(logging.Component(b.log, "mcp_http"))),
 		server.WithHTTPContextFunc(func(ctx context.Context, r *http.Request) context.Context {
@@ -52,7 +53,7 @@ func (b *Broker) HTTPHandler() http.Handler {
 			return ctx
 		}),
 	)
-	mcpHandler := b.sessions.bind(b.limitBody(mcpHTTP))
+	mcpHandler := b.bindSessions(b.limitBody(mcpHTTP))
 
 	mux := http.NewServeMux()
 	var self http.Handler

@@ -54,7 +54,7 @@ type poolCollector struct{ b *Broker }
 
 var (
 	poolReadyDesc  = prometheus.NewDesc("sandbox_pool_ready", "Warm sandbox containers ready to claim, per language.", []string{"language"}, nil)
-	poolTargetDesc = prometheus.NewDesc("sandbox_pool_target", "Warm containers the pool keeps per language (SANDBOX_POOL_SIZE).", nil, nil)
+	poolTargetDesc = prometheus.NewDesc("sandbox_pool_target", "Warm containers each pool keeps at least (SANDBOX_POOL_SIZE; demand raises a pool to up to 4 times that).", nil, nil)
 )
 
 func (p poolCollector) Describe(ch chan<- *prometheus.Desc) {

@@ -48,7 +48,7 @@ func (b *Broker) openOAuth(ctx context.Context, cfg config.Config) error {
 	case "embedded":
 		issuer := strings.TrimSuffix(cfg.PublicBaseURL, "/")
 		accessTTL := time.Duration(cfg.OAuthAccessTTLS) * time.Second
-		store, err := oauth.OpenStore(ctx, filepath.Join(cfg.Root, "state.db"), nil)
+		store, err := oauth.OpenStore(ctx, cfg.StatePath(), nil)
 		if err != nil {
 			return err
 		}
@@ -69,7 +69,7 @@ func (b *Broker) openOAuth(ctx context.Context, cfg config.Config) error {
 		o.verifier = oauth.NewEmbeddedVerifier(issuer, resource, keys, store)
 		o.prm = server.ProtectedResourceMetadataConfig{AuthorizationServers: []string{issuer}, ScopesSupported: []string{oauth.Scope}}
 		b.checks = append(b.checks, check{"oauth_store", store.Ping})
-		b.every(time.Hour, func(ctx context.Context) {
+		b.lead(time.Hour, func(ctx context.Context) {
 			if err := o.server.Maintain(ctx); err != nil {
 				log.Error().Err(err).Msg("oauth_maintain_failed")
 			}

@@ -90,6 +90,12 @@ type Options struct {
 	// unused containers; it only dates the retry hint of a refusal at the
 	// cap (0: no hint).
 	IdleTimeout time.Duration
+	// IdleRelease is how long an agent keeps its language runtime (the
+	// Python zygote, the Node resident) without a run (0: always).
+	IdleRelease time.Duration
+	// Warmups orders the runtimes' warm-ups across engines; nil runs them
+	// at once.
+	Warmups *sandbox.Warmups
 	// OnAcquire, when set, hears how long each session waited for its
 	// container, and whether it came warm from the pool or cold (metrics).
 	OnAcquire func(language, source string, wait time.Duration)
@@ -447,6 +453,10 @@ type ctr struct {
 	// known is what the last stray check read (under runc; see
 	// sessionsBefore), guarded by the owning session's mu.
 	known agent.SessionCache
+	// warming is set while a warm-up is pending (see warmAsync); used is
+	// when a session last used it (UnixNano; 0 while pooled).
+	warming atomic.Bool
+	used    atomic.Int64
 }
 
 // markDied records that the container is dead.
@@ -507,7 +517,8 @@ func (e *Engine) specFor(r runnerImage, id, workspaceDir, runDir, workspaceLabel
 		NetworkDisabled: true,
 		StopSignal:      "SIGKILL",
 		Entrypoint:      []string{},
-		Cmd:             []string{AgentPath, "agent", "--socket", agent.SocketDir + "/" + agent.SocketName, "--language", r.Language},
+		Cmd: []string{AgentPath, "agent", "--socket", agent.SocketDir + "/" + agent.SocketName, "--language", r.Language,
+			"--warm-on-request", "--idle-release", e.o.IdleRelease.String()},
 		Labels: map[string]string{
 			LabelBroker:    "1",
 			LabelInstance:  e.o.InstanceID,
@@ -648,16 +659,9 @@ func (e *Engine) startContainer(ctx context.Context, r runnerImage, workspaceDir
 		e.log.Warn().Err(err).Str("container", shortID(c.dockerID)).Str("state", st).Msg("sandbox agent not ready")
 		return fail(brokererr.Wrap(err, brokererr.Unavailable, "the %s sandbox did not become ready", r.Language))
 	}
-	if r.Language == agent.LangPython {
-		// Runs need the zygote in place: it must exist before a run's
-		// session snapshot (see hasStrays), and a new session's first run
-		// then pays no import cost.
-		wctx, cancel := c.untilDied(ctx, e.o.ReadyTimeout)
-		if err := agent.WaitWarm(wctx, c.socket()); err != nil {
-			e.log.Warn().Str("container", shortID(c.dockerID)).Msg("zygote_not_warm")
-		}
-		cancel()
-	}
+	// The language runtime warms up in the background, in its turn: the
+	// first run does not wait for it (and it lives in the agent's session,
+	// which every stray check counts as existing, see agent/infra.go).
 	if c.gone.Load() {
 		return fail(brokererr.New(brokererr.Unavailable, "the %s sandbox stopped while starting", r.Language))
 	}
@@ -669,6 +673,7 @@ func (e *Engine) startContainer(ctx context.Context, r runnerImage, workspaceDir
 		c.monitor = m
 		e.sessionsBefore(c) // the first stray-check snapshot, off a pooled container's first run
 	}
+	e.warmAsync(c)
 	return c, nil
 }
 

@@ -88,7 +88,7 @@ func testContainerConfig(t *testing.T, rt string) {
 	check("uid in the sandbox range", c.uid >= testUIDBase && c.uid < testUIDBase+testUIDs, true)
 	check("Hostname", cfg.Hostname, "sandbox")
 	check("StopSignal", cfg.StopSignal, "SIGKILL")
-	check("Cmd", []string(cfg.Cmd), []string{"/opt/sandbox/broker", "agent", "--socket", "/run/sandbox/agent.sock", "--language", "python"})
+	check("Cmd", []string(cfg.Cmd), []string{"/opt/sandbox/broker", "agent", "--socket", "/run/sandbox/agent.sock", "--language", "python", "--warm-on-request", "--idle-release", "0s"})
 	for _, env := range cfg.Env {
 		k, _, _ := strings.Cut(env, "=")
 		// PATH, HOME, LANG are ours; the rest comes from the image's ENV.

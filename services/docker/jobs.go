@@ -20,14 +20,8 @@ import (
 
 var _ sandbox.JobRunner = (*Session)(nil)
 
-// jobLanguages is the order in which a job without JobSpec.Language picks
-// its runner: the first with an image. Jobs are shell commands and every
-// runner has bash; the python runner also has the most tools, so a
-// command's environment does not depend on what the session ran before.
-var jobLanguages = []string{agent.LangPython, agent.LangBash, agent.LangNode, agent.LangTypeScript, agent.LangJavaScript}
-
 // StartJob implements sandbox.JobRunner: spec runs as `bash -c` beside
-// run_code in the session's container (see jobLanguages). While it runs,
+// run_code in the session's container (see agent.JobLanguageOrder). While it runs,
 // the container is not released (Release refuses) nor replaced after a
 // run, and the workspace quota is watched as during a run: past it the
 // container is removed, the files written since the job started are
@@ -145,7 +139,7 @@ func (s *Session) startJobLocked(ctx context.Context, spec sandbox.JobSpec, req 
 var agentStartJob = agent.StartJob
 
 // jobContainerLocked returns the session's container of lang (default:
-// the first of jobLanguages with a runner image), starting it if needed.
+// the first of agent.JobLanguageOrder with a runner image), starting it if needed.
 // Caller holds s.mu.
 func (s *Session) jobContainerLocked(ctx context.Context, lang string) (*ctr, error) {
 	if lang == "" {
@@ -153,7 +147,7 @@ func (s *Session) jobContainerLocked(ctx context.Context, lang string) (*ctr, er
 		runners := s.e.runners
 		s.e.mu.Unlock()
 		lang = agent.LangBash
-		for _, l := range jobLanguages {
+		for _, l := range agent.JobLanguageOrder {
 			if _, ok := runners[l]; ok {
 				lang = l
 				break

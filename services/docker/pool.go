@@ -16,24 +16,37 @@ import (
 	"github.com/sandbox-broker/sandbox-broker/services/workspace"
 )
 
-// pool keeps up to Options.PoolSize started, agent-ready containers of one
-// language, each with an empty workspace dir <Root>/pool/<id> and a uid
-// leased under a pool key. A claim renames that dir onto the session's
-// workspace path (the container's bind mount refers to the directory inode,
-// so it follows the rename) and moves the uid's lease to the session: the
-// container already runs as the uid the session keeps.
+// pool keeps started, agent-ready containers of one language, each with
+// an empty workspace dir <Root>/pool/<id> and a uid leased under a pool
+// key. A claim renames that dir onto the session's workspace path (the
+// container's bind mount refers to the directory inode, so it follows the
+// rename) and moves the uid's lease to the session: the container already
+// runs as the uid the session keeps.
+//
+// Its size follows demand: as many containers as sessions took one of
+// this language in the last poolDemandWindow, at least Options.PoolSize
+// and at most poolMaxScale times it, started up to poolParallel at once.
+// Warm containers count toward the live-container cap (Options.Slots), and
+// a session at the cap takes a warm container's place.
 type pool struct {
-	e    *Engine
-	lang string
-	size int
+	e     *Engine
+	lang  string
+	floor int
 
-	mu    sync.Mutex
-	ready []*ctr
-	kick  chan struct{}
+	mu     sync.Mutex
+	ready  []*ctr
+	demand []time.Time // when sessions took a container, within the window
+	kick   chan struct{}
 }
 
+const (
+	poolDemandWindow = 10 * time.Second
+	poolMaxScale     = 4
+	poolParallel     = 4
+)
+
 func (e *Engine) startPool(lang string) *pool {
-	p := &pool{e: e, lang: lang, size: e.o.PoolSize, kick: make(chan struct{}, 1)}
+	p := &pool{e: e, lang: lang, floor: e.o.PoolSize, kick: make(chan struct{}, 1)}
 	e.bg.Add(1)
 	go p.fill()
 	p.refill()
@@ -54,51 +67,110 @@ func (p *pool) count() int {
 	return len(p.ready)
 }
 
-// fill runs until the engine closes, topping the pool up whenever kicked.
+// noteDemand records that a session took a container of the pool's
+// language (from the pool or not).
+func (p *pool) noteDemand() {
+	p.mu.Lock()
+	p.demand = append(p.demand, time.Now())
+	p.mu.Unlock()
+	p.refill()
+}
+
+// targetLocked is the size the pool aims for now, and when that may next
+// change by itself (the oldest demand leaving the window; zero if never).
+func (p *pool) targetLocked() (int, time.Time) {
+	cutoff := time.Now().Add(-poolDemandWindow)
+	i := 0
+	for i < len(p.demand) && p.demand[i].Before(cutoff) {
+		i++
+	}
+	p.demand = p.demand[i:]
+	var next time.Time
+	if len(p.demand) > 0 {
+		next = p.demand[0].Add(poolDemandWindow)
+	}
+	return min(max(len(p.demand), p.floor), p.floor*poolMaxScale), next
+}
+
+// fill runs until the engine closes, keeping the pool at its target:
+// starting containers (in parallel, backing off while starts fail) and
+// removing the ones demand no longer calls for.
 func (p *pool) fill() {
 	defer p.e.bg.Done()
 	ctx := p.e.ctx
 	backoff := time.Second
+	var retryAt time.Time
+	filling := 0 // starts in progress
+	done := make(chan error, poolParallel)
 	for {
+		p.mu.Lock()
+		target, next := p.targetLocked()
+		var extra []*ctr
+		if len(p.ready) > target {
+			extra = append(extra, p.ready[target:]...)
+			p.ready = p.ready[:target:target]
+		}
+		for time.Now().After(retryAt) && len(p.ready)+filling < target && filling < poolParallel && ctx.Err() == nil {
+			filling++
+			go func() { done <- p.startOne(ctx) }()
+		}
+		p.mu.Unlock()
+		for _, c := range extra {
+			p.e.discardAsync(p, c)
+		}
+		if next.IsZero() || (!retryAt.IsZero() && retryAt.Before(next)) {
+			next = retryAt
+		}
+		var wake <-chan time.Time
+		if !next.IsZero() {
+			wake = time.After(time.Until(next))
+		}
 		select {
 		case <-ctx.Done():
+			for ; filling > 0; filling-- { // the starts end with ctx
+				<-done
+			}
 			return
-		case <-p.kick:
-		}
-		for p.count() < p.size && ctx.Err() == nil {
-			c, err := p.e.newPoolContainer(ctx, p.lang)
-			if err != nil {
-				if ctx.Err() != nil {
-					return
-				}
+		case err := <-done:
+			filling--
+			switch {
+			case err == nil:
+				backoff, retryAt = time.Second, time.Time{}
+			case ctx.Err() == nil:
 				ev := p.e.log.Warn()
 				if brokererr.CodeOf(err) == brokererr.QuotaExceeded {
 					ev = p.e.log.Debug() // at the container cap: sessions come first
 				}
 				ev.Err(err).Str("language", p.lang).Dur("retry_in", backoff).Msg("pool refill failed")
-				select {
-				case <-ctx.Done():
-					return
-				case <-time.After(backoff):
-					backoff = min(backoff*2, 30*time.Second)
-				case <-p.kick: // the daemon is back (see watch)
-					backoff = time.Second
-				}
-				continue
+				retryAt = time.Now().Add(backoff)
+				backoff = min(backoff*2, 30*time.Second)
 			}
-			backoff = time.Second
-			if !p.put(c) || ctx.Err() != nil {
-				_ = p.discard(ctx, c)
-			}
+		case <-p.kick: // a claim, or the daemon is back (see watch)
+			backoff, retryAt = time.Second, time.Time{}
+		case <-wake:
 		}
 	}
+}
+
+// startOne starts a container and adds it to the pool (or removes it when
+// the pool no longer wants it).
+func (p *pool) startOne(ctx context.Context) error {
+	c, err := p.e.newPoolContainer(ctx, p.lang)
+	if err != nil {
+		return err
+	}
+	if !p.put(c) || ctx.Err() != nil {
+		_ = p.discard(ctx, c)
+	}
+	return nil
 }
 
 // put adds c unless the pool is full.
 func (p *pool) put(c *ctr) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if len(p.ready) >= p.size || p.e.ctx.Err() != nil {
+	target, _ := p.targetLocked()
+	if len(p.ready) >= target || p.e.ctx.Err() != nil {
 		return false
 	}
 	p.ready = append(p.ready, c)
@@ -270,6 +342,7 @@ func (e *Engine) acquire(ctx context.Context, r runnerImage, ref sandbox.Session
 	e.mu.Unlock()
 	if p != nil && mayClaim {
 		if c := e.claim(ctx, p, r, ref); c != nil {
+			p.noteDemand()
 			return c, nil
 		}
 	}
@@ -296,9 +369,13 @@ func (e *Engine) acquire(ctx context.Context, r runnerImage, ref sandbox.Session
 	if err != nil {
 		return nil, err
 	}
+	defer e.o.Warmups.Starting()()
 	c, err := e.startContainer(ctx, r, ref.Dir, ref.WorkspaceID, id, slot)
 	if err != nil {
 		return nil, err
+	}
+	if p != nil {
+		p.noteDemand() // after the session took its slot: the pool comes second
 	}
 	d := time.Since(start)
 	e.st.colds.Add(1)

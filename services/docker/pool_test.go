@@ -76,6 +76,32 @@ func TestPoolClaimAndRefill(t *testing.T) {
 	}
 }
 
+// TestPoolFollowsDemand: sessions taking containers raise the pool to
+// their number (within poolDemandWindow, at most poolMaxScale times the
+// floor); once the window has passed without demand it falls back to
+// SANDBOX_POOL_SIZE.
+func TestPoolFollowsDemand(t *testing.T) {
+	e := newEngine(t, func(o *Options) { o.PoolSize = 1 })
+	needRunner(t, e, "python")
+	waitPoolReady(t, e, "python", 1)
+	const sessions = 3
+	for range sessions {
+		s, err := e.Open(context.Background(), newRef(e))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = s.Destroy(context.Background()) })
+		exec1(t, s, "python", "print(1)", 20*time.Second)
+	}
+	waitPoolReady(t, e, "python", sessions)
+	if n := e.Stats().PoolReady["python"]; n > sessions {
+		t.Fatalf("%d warm containers for %d sessions in the window", n, sessions)
+	}
+	waitFor(t, poolDemandWindow+90*time.Second, "pool back to its floor", func() bool {
+		return e.Stats().PoolReady["python"] == 1
+	})
+}
+
 // TestColdStartExistingWorkspace: a workspace that already has files is
 // never replaced by a pool dir; it gets a fresh container with it mounted.
 func TestColdStartExistingWorkspace(t *testing.T) {

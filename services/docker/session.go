@@ -168,6 +168,10 @@ func (s *Session) execLocked(ctx context.Context, r runnerImage, req sandbox.Exe
 		e.log.Warn().Err(err).Str("container", shortID(c.dockerID)).Msg("sandbox agent unreachable")
 		return sandbox.ExecResult{Duration: dur}, brokererr.Wrap(err, brokererr.Unavailable, "the %s sandbox stopped responding; it will be restarted on the next call", r.Language)
 	}
+	c.used.Store(time.Now().UnixNano())
+	if resp.Cold {
+		e.warmAsync(c) // released when idle, or still warming up
+	}
 	res, err := agent.ExecResult(resp, dur)
 	if err != nil {
 		return res, err
@@ -237,6 +241,7 @@ func (s *Session) containerLocked(ctx context.Context, r runnerImage) (*ctr, err
 		}
 		s.uid = c.uid
 		s.ctrs[r.Language] = c
+		c.used.Store(time.Now().UnixNano())
 	}
 	s.e.touchIdle(c)
 	return c, nil

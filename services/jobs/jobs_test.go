@@ -19,6 +19,9 @@ import (
 
 	"github.com/sandbox-broker/sandbox-broker/services/brokererr"
 	"github.com/sandbox-broker/sandbox-broker/services/sandbox"
+
+	"github.com/sandbox-broker/sandbox-broker/services/statedb"
+	"github.com/sandbox-broker/sandbox-broker/services/statedb/statedbtest"
 )
 
 // procRunner runs jobs as real host processes (bash in its own process
@@ -119,7 +122,13 @@ func (j *procJob) Exit() sandbox.JobExit { return j.exit }
 
 func openTest(t *testing.T, dir string, mod func(*Options)) *Manager {
 	t.Helper()
-	o := Options{DBPath: filepath.Join(dir, "state.db"), Dir: filepath.Join(dir, "jobs"), Log: zerolog.Nop()}
+	return openTestOn(t, filepath.Join(dir, "state.db"), dir, mod)
+}
+
+// openTestOn is openTest with the state in the store at db.
+func openTestOn(t *testing.T, db, dir string, mod func(*Options)) *Manager {
+	t.Helper()
+	o := Options{DBPath: db, Dir: filepath.Join(dir, "jobs"), Log: zerolog.Nop()}
 	if mod != nil {
 		mod(&o)
 	}
@@ -192,8 +201,11 @@ func stdout(events []Event) string {
 	return b.String()
 }
 
-func TestIncrementalReadByCursor(t *testing.T) {
-	m := openTest(t, t.TempDir(), nil)
+func TestIncrementalReadByCursor(t *testing.T) { eachStore(t, testIncrementalReadByCursor) }
+
+func testIncrementalReadByCursor(t *testing.T, loc func(testing.TB) string) {
+	db := loc(t)
+	m := openTestOn(t, db, t.TempDir(), nil)
 	id := start(t, m, "alice", "s1", `for i in 1 2 3 4 5; do echo line$i; sleep 0.2; done`, false)
 	events, early := readAll(t, m, "alice", id)
 	if got := stdout(events); got != "line1\nline2\nline3\nline4\nline5\n" {
@@ -265,6 +277,24 @@ func waitFor(t *testing.T, m *Manager, principal, id string, ok func(Event) bool
 	t.Fatal("event never came")
 }
 
+// waitEnded waits for the job's row to leave running: the closing event
+// is logged just before the row is updated.
+func waitEnded(t *testing.T, m *Manager, principal, id string) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for time.Now().Before(deadline) {
+		info, err := m.Status(context.Background(), principal, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if info.Status != StatusRunning {
+			return
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	t.Fatal("job never ended")
+}
+
 func TestCancelTrapsSIGTERM(t *testing.T) {
 	m := openTest(t, t.TempDir(), nil)
 	id := start(t, m, "alice", "s1", `trap 'echo got-term; exit 7' TERM; echo ready; while :; do sleep 0.05; done`, false)
@@ -321,8 +351,13 @@ func TestConcurrencyLimits(t *testing.T) {
 }
 
 func TestRestartKeepsOutputAndMarksRunningJobsAsError(t *testing.T) {
+	eachStore(t, testRestartKeepsOutputAndMarksRunningJobsAsError)
+}
+
+func testRestartKeepsOutputAndMarksRunningJobsAsError(t *testing.T, loc func(testing.TB) string) {
+	db := loc(t)
 	dir := t.TempDir()
-	first := openTest(t, dir, nil)
+	first := openTestOn(t, db, dir, nil)
 	id := start(t, first, "alice", "s1", `echo before-restart; sleep 30`, false)
 	waitFor(t, first, "alice", id, func(e Event) bool { return strings.Contains(e.Data, "before-restart") })
 	done := start(t, first, "alice", "s1", `echo finished`, false)
@@ -330,7 +365,7 @@ func TestRestartKeepsOutputAndMarksRunningJobsAsError(t *testing.T) {
 
 	// A second broker opens the same state without the first one closing
 	// (as after a crash).
-	second := openTest(t, dir, nil)
+	second := openTestOn(t, db, dir, nil)
 	info, err := second.Status(context.Background(), "alice", id)
 	if err != nil || info.Status != StatusError || !strings.Contains(info.Error, "restarted") {
 		t.Fatalf("status after restart: %+v %v", info, err)
@@ -385,8 +420,11 @@ func TestLogCapDropsOldestAndSaysHowMany(t *testing.T) {
 	}
 }
 
-func TestUnknownAndForeignIDs(t *testing.T) {
-	m := openTest(t, t.TempDir(), nil)
+func TestUnknownAndForeignIDs(t *testing.T) { eachStore(t, testUnknownAndForeignIDs) }
+
+func testUnknownAndForeignIDs(t *testing.T, loc func(testing.TB) string) {
+	db := loc(t)
+	m := openTestOn(t, db, t.TempDir(), nil)
 	id := start(t, m, "alice", "s1", "echo hi", false)
 	for _, tc := range []struct{ principal, id string }{{"bob", id}, {"alice", "exec_" + strings.Repeat("0", 32)}, {"alice", "../../etc"}} {
 		if _, err := m.Status(context.Background(), tc.principal, tc.id); !isCode(err, brokererr.SandboxNotFound) {
@@ -517,9 +555,15 @@ func TestDroppedEventsCountedOnceAcrossReads(t *testing.T) {
 }
 
 func TestPruneDeletesEndedJobsPastRetention(t *testing.T) {
-	m := openTest(t, t.TempDir(), func(o *Options) { o.Retention = time.Millisecond })
+	eachStore(t, testPruneDeletesEndedJobsPastRetention)
+}
+
+func testPruneDeletesEndedJobsPastRetention(t *testing.T, loc func(testing.TB) string) {
+	db := loc(t)
+	m := openTestOn(t, db, t.TempDir(), func(o *Options) { o.Retention = time.Millisecond })
 	id := start(t, m, "alice", "s1", "echo done", false)
 	waitFor(t, m, "alice", id, func(e Event) bool { return e.Type == EventExit })
+	waitEnded(t, m, "alice", id)
 	live := start(t, m, "alice", "s1", "echo ready; sleep 30", false)
 	waitFor(t, m, "alice", live, func(e Event) bool { return strings.Contains(e.Data, "ready") })
 	m.Prune(context.Background())
@@ -535,8 +579,11 @@ func TestPruneDeletesEndedJobsPastRetention(t *testing.T) {
 }
 
 // List reports the same last_seq as Status, live and ended.
-func TestListReportsLastSeq(t *testing.T) {
-	m := openTest(t, t.TempDir(), nil)
+func TestListReportsLastSeq(t *testing.T) { eachStore(t, testListReportsLastSeq) }
+
+func testListReportsLastSeq(t *testing.T, loc func(testing.TB) string) {
+	db := loc(t)
+	m := openTestOn(t, db, t.TempDir(), nil)
 	ctx := context.Background()
 	id := start(t, m, "alice", "s1", `echo one; echo two; read x`, true)
 	waitFor(t, m, "alice", id, func(e Event) bool { return e.Type == EventStdout && strings.Contains(e.Data, "two") })
@@ -750,4 +797,41 @@ func FuzzLastSeqOnDisk(f *testing.F) {
 			t.Fatalf("last seq %d, a whole scan says %d", got, want)
 		}
 	})
+}
+
+// eachStore runs fn once per store (a state.db file, a PostgreSQL
+// database), handing it that store's location maker.
+func eachStore(t *testing.T, fn func(t *testing.T, loc func(testing.TB) string)) {
+	statedbtest.Run(t, func(t *testing.T, st statedbtest.Store) { fn(t, st.Loc) })
+}
+
+// Replicas on one PostgreSQL store: a replica that opens leaves the jobs
+// of a live replica running, and the leader's Prune closes out the jobs
+// of one that is gone.
+func TestReplicaJobsLostOnlyWithTheirReplica(t *testing.T) {
+	ctx := context.Background()
+	db := statedbtest.PostgresURL(t)
+	presence := func(id string) *statedb.Presence {
+		p, err := statedb.NewPresence(db, id)
+		if err != nil || !p.Keep(ctx) {
+			t.Fatalf("presence %s: %v", id, err)
+		}
+		t.Cleanup(func() { p.Close() })
+		return p
+	}
+	pa := presence("a")
+	a := openTestOn(t, db, t.TempDir(), func(o *Options) { o.Presence = pa })
+	id := start(t, a, "alice", "s1", "echo ready; sleep 30", false)
+	waitFor(t, a, "alice", id, func(e Event) bool { return strings.Contains(e.Data, "ready") })
+
+	b := openTestOn(t, db, t.TempDir(), func(o *Options) { o.Presence = presence("b") })
+	b.Prune(ctx)
+	if info, err := b.Status(ctx, "alice", id); err != nil || info.Status != StatusRunning {
+		t.Fatalf("a live replica's job after b opened and pruned: %+v %v", info, err)
+	}
+	pa.Close() // replica a is gone (its lock went with it)
+	b.Prune(ctx)
+	if info, err := b.Status(ctx, "alice", id); err != nil || info.Status != StatusError || !strings.Contains(info.Error, "restarted") {
+		t.Fatalf("a gone replica's job after Prune: %+v %v", info, err)
+	}
 }

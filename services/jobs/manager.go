@@ -62,6 +62,10 @@ type Options struct {
 	Retention     time.Duration
 	Now           func() time.Time
 	Log           zerolog.Logger
+	// Presence, with broker replicas on PostgreSQL, says which replica
+	// runs each job: a job is lost only when its replica is gone. Nil
+	// (one broker) means every job left running at Open is lost.
+	Presence *statedb.Presence
 }
 
 // Manager owns every job.
@@ -130,7 +134,9 @@ var schema = statedb.Schema{Component: "jobs", Steps: []string{`CREATE TABLE IF 
 	network TEXT NOT NULL,
 	started_at INTEGER NOT NULL,
 	ended_at INTEGER);
-CREATE INDEX IF NOT EXISTS jobs_by_principal ON jobs(principal, started_at);`}}
+CREATE INDEX IF NOT EXISTS jobs_by_principal ON jobs(principal, started_at);`,
+	// 2: the replica that runs the job ('' for one broker).
+	`ALTER TABLE jobs ADD COLUMN replica TEXT NOT NULL DEFAULT ''`}}
 
 // Open opens the job table, marks jobs left running by a previous broker as
 // errors (appending an error event to their logs), and prunes old jobs.
@@ -162,7 +168,7 @@ func Open(ctx context.Context, o Options) (*Manager, error) {
 	m := &Manager{o: o, db: db, live: map[string]*job{}, perSession: map[string]int{}}
 	st := &m.st
 	st.all, err = statedb.Prepare(ctx, db,
-		statedb.Query{Dst: &st.insert, SQL: `INSERT INTO jobs(id, principal, session_id, command, status, interactive, network, started_at) VALUES(?,?,?,?,?,?,?,?)`},
+		statedb.Query{Dst: &st.insert, SQL: `INSERT INTO jobs(id, principal, session_id, command, status, interactive, network, started_at, replica) VALUES(?,?,?,?,?,?,?,?,?)`},
 		statedb.Query{Dst: &st.end, SQL: `UPDATE jobs SET status = ?, exit_code = ?, signal = ?, error = ?, ended_at = ? WHERE id = ?`},
 		statedb.Query{Dst: &st.status, SQL: `SELECT id, session_id, command, status, exit_code, signal, error, interactive, network, started_at, ended_at FROM jobs WHERE id = ? AND principal = ?`})
 	if err != nil {
@@ -176,18 +182,26 @@ func Open(ctx context.Context, o Options) (*Manager, error) {
 }
 
 // Prune deletes ended jobs older than Retention with their logs (Open
-// does it too; the broker calls this periodically).
+// does it too; the broker calls this periodically). With replicas it also
+// closes out the jobs of replicas that are gone.
 func (m *Manager) Prune(ctx context.Context) {
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
-	if err := m.prune(ctx, m.o.Now()); err != nil {
+	var err error
+	if m.o.Presence != nil {
+		err = m.recover(ctx)
+	} else {
+		err = m.prune(ctx, m.o.Now())
+	}
+	if err != nil {
 		m.o.Log.Warn().Msg("job_prune_failed")
 	}
 }
 
-// recover closes out jobs a previous broker left running.
+// recover closes out jobs a broker (replica) that is gone left running,
+// then prunes.
 func (m *Manager) recover(ctx context.Context) error {
-	ids, err := m.ids(ctx, `SELECT id FROM jobs WHERE status = ?`, StatusRunning)
+	ids, err := m.lostIDs(ctx)
 	if err != nil {
 		return err
 	}
@@ -204,6 +218,44 @@ func (m *Manager) recover(ctx context.Context) error {
 		m.o.Log.Warn().Str("execution_id", id).Msg("job_lost_on_restart")
 	}
 	return m.prune(ctx, now)
+}
+
+// lostIDs are the running jobs no live broker runs: not this one's, and
+// (with replicas) not of a replica still alive. Without Presence, every
+// job left running is lost.
+func (m *Manager) lostIDs(ctx context.Context) ([]string, error) {
+	rows, err := m.db.QueryContext(ctx, `SELECT id, replica FROM jobs WHERE status = ?`, StatusRunning)
+	if err != nil {
+		return nil, err
+	}
+	type row struct{ id, replica string }
+	var running []row
+	for rows.Next() {
+		var r row
+		if rows.Scan(&r.id, &r.replica) == nil && IDPattern.MatchString(r.id) {
+			running = append(running, r)
+		}
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	var lost []string
+	for _, r := range running {
+		m.mu.Lock()
+		_, live := m.live[r.id]
+		m.mu.Unlock()
+		if live {
+			continue
+		}
+		if m.o.Presence != nil {
+			if alive, err := m.o.Presence.Alive(ctx, r.replica); alive || err != nil {
+				continue // running elsewhere, or unknown: not ours to close
+			}
+		}
+		lost = append(lost, r.id)
+	}
+	return lost, nil
 }
 
 // ids runs query and returns the well-formed job IDs it selects (they
@@ -240,6 +292,14 @@ func (m *Manager) prune(ctx context.Context, now time.Time) error {
 }
 
 func (m *Manager) logDir(id string) string { return filepath.Join(m.o.Dir, id) }
+
+// replica is the ID recorded with the jobs this broker runs.
+func (m *Manager) replica() string {
+	if m.o.Presence == nil {
+		return ""
+	}
+	return m.o.Presence.Self()
+}
 
 // Ping checks the job store.
 func (m *Manager) Ping(ctx context.Context) error { return m.db.PingContext(ctx) }
@@ -353,7 +413,7 @@ func (m *Manager) Start(ctx context.Context, req StartRequest) (string, error) {
 		return fail(brokererr.Wrap(err, brokererr.Unavailable, "job log unavailable"))
 	}
 	now := m.o.Now()
-	if _, err := m.st.insert.ExecContext(ctx, id, req.Principal, req.SessionID, req.Spec.Command, StatusRunning, req.Spec.Interactive, req.Network, now.UnixMilli()); err != nil {
+	if _, err := m.st.insert.ExecContext(ctx, id, req.Principal, req.SessionID, req.Spec.Command, StatusRunning, req.Spec.Interactive, req.Network, now.UnixMilli(), m.replica()); err != nil {
 		_ = os.RemoveAll(m.logDir(id))
 		return fail(brokererr.Wrap(err, brokererr.Unavailable, "job store unavailable"))
 	}

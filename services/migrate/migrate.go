@@ -1,9 +1,10 @@
-// Package migrate brings a SQLite schema up to date from numbered steps,
-// inside the caller's write transaction: two processes opening the same
-// file at once apply each step exactly once, and a step that fails leaves
-// the database as it was. The audit log keeps its version in PRAGMA
-// user_version; state.db, whose tables belong to several packages, keeps
-// one version per package in the schema_versions table.
+// Package migrate brings a schema up to date from numbered steps, inside
+// the caller's write transaction: two processes opening the same store at
+// once apply each step exactly once, and a step that fails leaves the
+// database as it was. The SQLite audit log keeps its version in PRAGMA
+// user_version; a store whose tables belong to several packages (state.db,
+// or the PostgreSQL database replicas share, audit log included) keeps one
+// version per package in the schema_versions table.
 package migrate
 
 import (
@@ -78,11 +79,12 @@ type Component string
 
 func (c Component) name() string { return string(c) }
 
-// versionsTable is created by the first component to open the database.
+// versionsTable is created by the first component to open the database,
+// in SQL that SQLite and PostgreSQL both take.
 const versionsTable = `CREATE TABLE IF NOT EXISTS schema_versions (
 	component TEXT    PRIMARY KEY,
 	version   INTEGER NOT NULL
-) WITHOUT ROWID`
+)`
 
 func (c Component) version(ctx context.Context, tx *sql.Tx) (int, error) {
 	if _, err := tx.ExecContext(ctx, versionsTable); err != nil {

@@ -134,7 +134,7 @@ func (b *Budget) Take(ctx context.Context, principal string, l Limits) (Spent, e
 		return s, nil
 	}
 	if _, err := tx.ExecContext(ctx, `INSERT INTO model_budget(principal, day, requests, tokens) VALUES(?, ?, 1, 0)
-		ON CONFLICT(principal, day) DO UPDATE SET requests = requests + 1`, principal, day); err != nil {
+		ON CONFLICT(principal, day) DO UPDATE SET requests = model_budget.requests + 1`, principal, day); err != nil {
 		return Spent{}, err
 	}
 	s.Requests++
@@ -147,6 +147,6 @@ func (b *Budget) AddTokens(ctx context.Context, principal string, n int64) error
 		return nil
 	}
 	_, err := b.db.ExecContext(ctx, `INSERT INTO model_budget(principal, day, requests, tokens) VALUES(?, ?, 0, ?)
-		ON CONFLICT(principal, day) DO UPDATE SET tokens = tokens + excluded.tokens`, principal, b.day(), n)
+		ON CONFLICT(principal, day) DO UPDATE SET tokens = model_budget.tokens + excluded.tokens`, principal, b.day(), n)
 	return err
 }

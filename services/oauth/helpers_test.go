@@ -39,8 +39,18 @@ const aliceToken = "alice-static-token-0123456789abcdef"
 
 func newFixture(t *testing.T) *fixture {
 	t.Helper()
+	return newFixtureOn(t, "")
+}
+
+// newFixtureOn is newFixture with the OAuth state in the store at loc
+// ("" for state.db in the fixture's root).
+func newFixtureOn(t *testing.T, loc string) *fixture {
+	t.Helper()
 	ctx := context.Background()
 	root := t.TempDir()
+	if loc == "" {
+		loc = filepath.Join(root, "state.db")
+	}
 	akeys, err := audit.LoadKeys(audit.KeyConfig{Root: root})
 	if err != nil {
 		t.Fatal(err)
@@ -51,7 +61,7 @@ func newFixture(t *testing.T) *fixture {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { alog.Close() })
-	store, err := OpenStore(ctx, filepath.Join(root, "state.db"), nil)
+	store, err := OpenStore(ctx, loc, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -49,8 +49,10 @@ func TestMetadata(t *testing.T) {
 // TestEmbeddedFlow is the whole grant: registration, consent (one wrong
 // token first), code, token, a working access token, refresh, and reuse of
 // a rotated refresh token revoking the family.
-func TestEmbeddedFlow(t *testing.T) {
-	f := newFixture(t)
+func TestEmbeddedFlow(t *testing.T) { eachStore(t, testEmbeddedFlow) }
+
+func testEmbeddedFlow(t *testing.T, loc func(testing.TB) string) {
+	f := newFixtureOn(t, loc(t))
 	ctx := context.Background()
 	c := f.registerPublic()
 	if c.ClientSecret != "" || len(c.RedirectURIs) != 1 {
@@ -135,8 +137,10 @@ func TestEmbeddedFlow(t *testing.T) {
 
 // TestConfidentialClient registers with client_secret_post, as Claude's
 // hosted connector does, and revokes at the end.
-func TestConfidentialClient(t *testing.T) {
-	f := newFixture(t)
+func TestConfidentialClient(t *testing.T) { eachStore(t, testConfidentialClient) }
+
+func testConfidentialClient(t *testing.T, loc func(testing.TB) string) {
+	f := newFixtureOn(t, loc(t))
 	c := f.register(`{"client_name":"Claude","redirect_uris":["` + redirectURI + `"],"grant_types":["authorization_code","refresh_token"],"response_types":["code"],"token_endpoint_auth_method":"client_secret_post"}`)
 	if !strings.HasPrefix(c.ClientSecret, "sbs_") {
 		t.Fatalf("no secret: %+v", c)
@@ -177,8 +181,10 @@ func cloneValues(v url.Values) url.Values {
 }
 
 // TestDeny: the operator's refusal reaches the client as access_denied.
-func TestDeny(t *testing.T) {
-	f := newFixture(t)
+func TestDeny(t *testing.T) { eachStore(t, testDeny) }
+
+func testDeny(t *testing.T, loc func(testing.TB) string) {
+	f := newFixtureOn(t, loc(t))
 	c := f.registerPublic()
 	form, cookie := f.consentForm(f.authorizeParams(c.ClientID))
 	form.Set("action", "deny")

@@ -78,7 +78,7 @@ func (s *Store) Close() error { return s.db.Close() }
 // Ping reports whether the tables are readable.
 func (s *Store) Ping(ctx context.Context) error {
 	var n int
-	return s.db.QueryRowContext(ctx, `SELECT count(*) FROM (SELECT 1 FROM oauth_grants LIMIT 1)`).Scan(&n)
+	return s.db.QueryRowContext(ctx, `SELECT count(*) FROM (SELECT 1 FROM oauth_grants LIMIT 1) AS one`).Scan(&n)
 }
 
 // Client is a registered client.

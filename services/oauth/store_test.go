@@ -3,17 +3,20 @@ package oauth
 import (
 	"context"
 	"errors"
-	"path/filepath"
 	"testing"
 	"time"
+
+	"github.com/sandbox-broker/sandbox-broker/services/statedb/statedbtest"
 )
 
 // TestPrune: unused registrations expire, used ones stay while they have
 // grants; expired refresh tokens and dead grants go; lookups then fail closed.
-func TestPrune(t *testing.T) {
+func TestPrune(t *testing.T) { eachStore(t, testPrune) }
+
+func testPrune(t *testing.T, dbPath func(testing.TB) string) {
 	ctx := context.Background()
 	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	s, err := OpenStore(ctx, filepath.Join(t.TempDir(), "state.db"), func() time.Time { return now })
+	s, err := OpenStore(ctx, dbPath(t), func() time.Time { return now })
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -62,4 +65,10 @@ func TestPrune(t *testing.T) {
 			t.Errorf("registration %d: %v", i, err)
 		}
 	}
+}
+
+// eachStore runs fn once per store (a state.db file, a PostgreSQL
+// database), handing it that store's location maker.
+func eachStore(t *testing.T, fn func(t *testing.T, loc func(testing.TB) string)) {
+	statedbtest.Run(t, func(t *testing.T, st statedbtest.Store) { fn(t, st.Loc) })
 }

@@ -1,9 +1,12 @@
 package process
 
 import (
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
+	"strings"
 	"syscall"
 
 	"github.com/sandbox-broker/sandbox-broker/services/agent"
@@ -63,18 +66,85 @@ func writeEtc(dir string) (string, error) {
 // into /usr; on other hosts the real directory is bound read-only.
 var usrLinks = []string{"bin", "sbin", "lib", "lib32", "lib64", "libx32"}
 
-// bwrapArgs is the complete sandbox: new user (uid/gid 1000 inside), pid,
-// ipc, uts, net and cgroup namespaces; no capabilities; an empty read-only
-// root with /usr, the synthetic /etc, /proc, /dev, size-bounded /tmp and
-// /dev/shm, and exactly three host paths: the workspace (rw), the run dir
-// holding the agent and egress sockets (rw) and the agent binary (ro). No $HOME, no Root, no other session.
-func (b *Backend) bwrapArgs(workspaceDir, runDir string, command []string) []string {
+// bwrapArgs is the complete sandbox: new user (uid/gid 1000 inside, no
+// further user namespaces), pid, ipc, uts, net and cgroup namespaces; no
+// capabilities; a read-only root
+// (r's runner file system, or an empty one with the host's /usr), the
+// synthetic /etc files, /proc, /dev, size-bounded /tmp and /dev/shm, and
+// exactly three paths of the broker's: the workspace (rw), the run dir
+// holding the agent and egress sockets (rw) and the agent binary (ro). No
+// $HOME, no Root, no other session.
+func (b *Backend) bwrapArgs(r *runner, workspaceDir, runDir string, command []string) []string {
 	a := []string{
 		"--unshare-user", "--uid", strconv.Itoa(SandboxUID), "--gid", strconv.Itoa(SandboxGID),
+		// No nested user namespace: in one, code would hold every
+		// capability again (a net namespace's nf_tables, mounts), the
+		// kernel surface Docker's seccomp profile keeps closed.
+		"--disable-userns",
 		"--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-net", "--unshare-cgroup-try",
 		"--hostname", "sandbox",
 		"--die-with-parent", "--new-session", "--cap-drop", "ALL",
 		"--clearenv",
+	}
+	if r.fs != nil {
+		a = append(a, runnerRootArgs(r)...)
+	} else {
+		a = append(a, hostRootArgs()...)
+	}
+	for _, name := range slices.Sorted(maps.Keys(etcFiles)) {
+		a = append(a, "--ro-bind", filepath.Join(b.etcDir, name), "/etc/"+name)
+	}
+	a = append(a,
+		"--proc", "/proc",
+		"--dev", "/dev",
+		"--size", strconv.FormatInt(16<<20, 10), "--tmpfs", "/dev/shm",
+		"--size", strconv.FormatInt(b.o.TmpBytes, 10), "--tmpfs", "/tmp",
+		"--bind", workspaceDir, WorkspacePath,
+	)
+	if r.fs == nil { // a runner file system has it (runnerfs.Layout)
+		a = append(a, "--symlink", WorkspacePath, DataAlias)
+	}
+	a = append(a,
+		"--bind", runDir, agent.SocketDir,
+		"--ro-bind", b.agent, AgentPath,
+		// Only /mnt/data, /tmp and /dev/shm stay writable.
+		"--remount-ro", "/dev",
+		"--remount-ro", "/",
+		"--chdir", WorkspacePath,
+		"--",
+	)
+	return append(a, command...)
+}
+
+// runnerPath is the Docker engine's PATH for containers; sandboxPath the
+// one on the host's /usr, where only /usr is mounted.
+const (
+	runnerPath  = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+	sandboxPath = "/usr/local/bin:/usr/bin:/bin"
+)
+
+// runnerRootArgs mounts r's file system read-only as the root, as the
+// image is a container's, with the image's environment and the PATH, HOME
+// and LANG the Docker engine gives its containers.
+func runnerRootArgs(r *runner) []string {
+	var a []string
+	for _, e := range r.fs.Env {
+		k, v, _ := strings.Cut(e, "=")
+		a = append(a, "--setenv", k, v)
+	}
+	return append(a,
+		"--setenv", "PATH", runnerPath,
+		"--setenv", "HOME", "/tmp",
+		"--setenv", "TMPDIR", "/tmp",
+		"--setenv", "LANG", "C.UTF-8",
+		"--ro-bind", r.fs.Rootfs, "/",
+	)
+}
+
+// hostRootArgs is the fallback without runner file systems: an empty root
+// with the host's /usr and, of its /etc, only hostEtc.
+func hostRootArgs() []string {
+	a := []string{
 		"--setenv", "PATH", sandboxPath,
 		"--setenv", "HOME", "/tmp",
 		"--setenv", "TMPDIR", "/tmp",
@@ -95,45 +165,23 @@ func (b *Backend) bwrapArgs(workspaceDir, runDir string, command []string) []str
 		}
 	}
 	a = append(a, "--dir", "/etc")
-	for name := range etcFiles {
-		a = append(a, "--ro-bind", filepath.Join(b.etcDir, name), "/etc/"+name)
-	}
 	for _, p := range hostEtc {
 		a = append(a, "--ro-bind-try", p, p)
 	}
-	a = append(a,
-		"--proc", "/proc",
-		"--dev", "/dev",
-		"--size", strconv.FormatInt(16<<20, 10), "--tmpfs", "/dev/shm",
-		"--size", strconv.FormatInt(b.o.TmpBytes, 10), "--tmpfs", "/tmp",
-		"--bind", workspaceDir, WorkspacePath,
-		"--symlink", WorkspacePath, DataAlias,
-		"--bind", runDir, agent.SocketDir,
-		"--ro-bind", b.agent, AgentPath,
-		// Only /mnt/data, /tmp and /dev/shm stay writable.
-		"--remount-ro", "/dev",
-		"--remount-ro", "/",
-		"--chdir", WorkspacePath,
-		"--",
-	)
-	return append(a, command...)
+	return a
 }
 
-// agentCommand is the in-sandbox agent's command line. One agent serves
-// every language of the session; python (when present) is its default so
-// that it keeps a warm zygote.
-func (b *Backend) agentCommand() []string {
-	lang := agent.LangBash
-	if _, ok := b.runners[agent.LangPython]; ok {
-		lang = agent.LangPython
-	}
+// agentCommand is the in-sandbox agent's command line. Its language is
+// the default of requests without one; python keeps a warm zygote.
+func (b *Backend) agentCommand(r *runner) []string {
 	return []string{AgentPath, "agent",
 		"--socket", agent.SocketDir + "/" + agent.SocketName,
-		"--language", lang,
+		"--language", r.lang,
 		"--workdir", WorkspacePath,
 		"--tmpdir", "/tmp",
 		// bwrap's init is PID 1 and the agent its child, not root.
 		"--sweep", "container",
+		"--warm-on-request", "--idle-release", b.o.IdleRelease.String(),
 	}
 }
 

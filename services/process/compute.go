@@ -1,20 +1,26 @@
 package process
 
 import (
+	"slices"
 	"strconv"
+	"strings"
 
 	"github.com/sandbox-broker/sandbox-broker/services/sandbox"
 )
 
 var _ sandbox.Describer = (*Session)(nil)
 
-// Compute is the session's bubblewrap sandbox, by the host pid of bwrap,
-// when one is running.
+// Compute is the session's running bubblewrap sandboxes, by the host pid
+// of bwrap.
 func (s *Session) Compute() []sandbox.Compute {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.sb == nil || !s.sb.alive() {
-		return []sandbox.Compute{}
+	out := []sandbox.Compute{}
+	for _, sb := range s.sbs {
+		if sb.alive() {
+			out = append(out, sandbox.Compute{Kind: "bwrap", ID: "pid " + strconv.Itoa(sb.pid)})
+		}
 	}
-	return []sandbox.Compute{{Kind: "bwrap", ID: "pid " + strconv.Itoa(s.sb.pid)}}
+	slices.SortFunc(out, func(a, b sandbox.Compute) int { return strings.Compare(a.ID, b.ID) })
+	return out
 }

@@ -15,10 +15,11 @@ import (
 	"github.com/sandbox-broker/sandbox-broker/services/workspace"
 )
 
-// StartJob implements sandbox.JobRunner: the job runs under the session's
-// agent, beside run_code. With spec.Egress the broker listens on a Unix
-// socket in the sandbox's run dir (where the agent requires it) and hands
-// the listener to spec.Egress until the job ends.
+// StartJob implements sandbox.JobRunner: the job runs under the agent of
+// the session's sandbox for spec.Language (by default the first runner of
+// agent.JobLanguageOrder), beside run_code. With spec.Egress the broker
+// listens on a Unix socket in the sandbox's run dir (where the agent
+// requires it) and hands the listener to spec.Egress until the job ends.
 func (s *Session) StartJob(ctx context.Context, spec sandbox.JobSpec, sink sandbox.JobSink) (sandbox.Job, error) {
 	workDir := WorkspacePath
 	if spec.WorkDir != "" && spec.WorkDir != "." {
@@ -34,7 +35,11 @@ func (s *Session) StartJob(ctx context.Context, spec sandbox.JobSpec, sink sandb
 	}
 	timeout = min(timeout, agent.MaxTimeoutMS*time.Millisecond)
 
-	sb, err := s.sandbox(ctx)
+	r, err := s.b.jobRunner(spec.Language)
+	if err != nil {
+		return nil, err
+	}
+	sb, err := s.sandbox(ctx, r)
 	if err != nil {
 		return nil, err
 	}

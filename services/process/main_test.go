@@ -219,14 +219,18 @@ func exec1(t testing.TB, s sandbox.Session, lang, code string, timeout time.Dura
 	return res
 }
 
+// current is the session's one running sandbox.
 func current(t testing.TB, s *Session) *sbx {
 	t.Helper()
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.sb == nil {
-		t.Fatal("session has no sandbox")
+	if len(s.sbs) != 1 {
+		t.Fatalf("session has %d sandboxes, want 1", len(s.sbs))
 	}
-	return s.sb
+	for _, sb := range s.sbs {
+		return sb
+	}
+	return nil
 }
 
 func waitFor(t testing.TB, d time.Duration, what string, cond func() bool) {
@@ -260,6 +264,8 @@ func orphanHelper() int {
 		fmt.Println("error:", err)
 		return 1
 	}
-	fmt.Printf("pid %d\n", s.(*Session).sb.pid)
+	for _, sb := range s.(*Session).sbs {
+		fmt.Printf("pid %d\n", sb.pid)
+	}
 	select {}
 }

@@ -1,7 +1,8 @@
 // Package process is the bubblewrap execution engine for hosts without
-// Docker: every session's code runs under one long-lived in-sandbox agent
+// Docker: every session's code runs under a long-lived in-sandbox agent
 // (services/agent) started inside bwrap with fresh user, pid, ipc, uts,
-// net and cgroup namespaces, a read-only view of the host's /usr, a
+// net and cgroup namespaces, a read-only root (a runner image's exported
+// file system, see services/runnerfs, or else the host's /usr), a
 // synthetic /etc, rlimits and (when the host allows it) a cgroup of its
 // own. Sandboxes run as an unprivileged host uid.
 package process
@@ -12,11 +13,9 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"sort"
 	"strings"
 	"sync"
 	"syscall"
@@ -48,6 +47,12 @@ type Options struct {
 	UIDs *uids.Allocator
 	// Bwrap is the bubblewrap binary (default /usr/bin/bwrap).
 	Bwrap string
+	// RunnersDir holds the runner file systems (SANDBOX_RUNNERS_DIR,
+	// default <Root>/runners; see services/runnerfs). Without any, the
+	// host's interpreters run the code.
+	RunnersDir string
+	// Languages, when set, are the only languages this backend serves.
+	Languages []string
 
 	// Per-process rlimits.
 	MemoryBytes int64 // cgroup memory limit (default 512 MiB)
@@ -72,6 +77,12 @@ type Options struct {
 	// WorkspaceLimits is each session's quota; zero fields take defaults.
 	WorkspaceLimits workspace.Limits
 	Log             zerolog.Logger
+	// IdleRelease is how long an agent keeps its language runtime (the
+	// Python zygote, the Node resident) without a run (0: always).
+	IdleRelease time.Duration
+	// Warmups orders the runtimes' warm-ups across engines; nil runs them
+	// at once.
+	Warmups *sandbox.Warmups
 }
 
 const (
@@ -109,9 +120,9 @@ type Backend struct {
 	uid     int             // first host uid of sandboxes, or the broker's own
 	gid     int
 	etcDir  string
-	agent   string            // installed agent binary
-	prlimit string            // prlimit(1)
-	runners map[string]string // language → interpreter path (in-sandbox == host /usr)
+	agent   string             // installed agent binary
+	prlimit string             // prlimit(1)
+	runners map[string]*runner // language → what its sandboxes are made from
 	cg      *cgroupDriver
 
 	mu     sync.Mutex
@@ -142,6 +153,12 @@ func New(ctx context.Context, o Options) (*Backend, error) {
 		return nil, err
 	}
 	if o.AgentBinary, err = filepath.Abs(o.AgentBinary); err != nil {
+		return nil, err
+	}
+	if o.RunnersDir == "" {
+		o.RunnersDir = filepath.Join(o.Root, "runners")
+	}
+	if o.RunnersDir, err = filepath.Abs(o.RunnersDir); err != nil {
 		return nil, err
 	}
 	o = withDefaults(o)
@@ -190,7 +207,9 @@ func New(ctx context.Context, o Options) (*Backend, error) {
 	if b.etcDir, err = writeEtc(filepath.Join(o.Root, "etc-sandbox")); err != nil {
 		return nil, fmt.Errorf("process: synthetic /etc: %w", err)
 	}
-	b.runners = findRunners()
+	if err := b.loadRunners(); err != nil {
+		return nil, brokererr.Wrap(err, brokererr.Unavailable, "the runner file systems cannot be used: %s", err)
+	}
 	b.cg = newCgroupDriver(rootTag(o.Root), b.log)
 	b.sweepOrphans()
 	pctx, cancel := context.WithTimeout(ctx, probeTimeout)
@@ -245,56 +264,13 @@ func rootTag(root string) string {
 	return "sandbox-broker-" + hex.EncodeToString(h[:6])
 }
 
-// interpreters lists, per run_code language (agent.RunLanguages), the
-// interpreter that must exist under /usr for the language to be offered
-// (PATH inside is /usr/local/bin:/usr/bin).
-var interpreters = map[string]string{
-	agent.LangPython:     "python3",
-	agent.LangBash:       "bash",
-	agent.LangJavaScript: "node",
-	agent.LangTypeScript: "tsx",
-}
-
-// sandboxPath is the PATH inside the sandbox: only /usr is mounted.
-const sandboxPath = "/usr/local/bin:/usr/bin:/bin"
-
-func findRunners() map[string]string {
-	m := map[string]string{}
-	for _, lang := range agent.RunLanguages {
-		bin, ok := interpreters[lang]
-		if !ok {
-			continue
-		}
-		for _, dir := range []string{"/usr/local/bin", "/usr/bin"} {
-			p := filepath.Join(dir, bin)
-			if st, err := os.Stat(p); err == nil && st.Mode().IsRegular() && st.Mode()&0o111 != 0 {
-				m[lang] = p
-				break
-			}
-		}
-	}
-	return m
-}
-
 // Name implements sandbox.Backend.
 func (b *Backend) Name() string { return "process" }
 
-// Runners implements sandbox.Backend: the languages whose interpreter the
-// host's /usr provides.
+// Runners implements sandbox.Backend: each language with the runner
+// image whose file system it runs on, or the host interpreter.
 func (b *Backend) Runners(ctx context.Context) ([]sandbox.Runner, error) {
-	out := make([]sandbox.Runner, 0, len(b.runners))
-	for lang, p := range b.runners {
-		out = append(out, sandbox.Runner{Language: lang, Image: "process:" + filepath.Base(p)})
-	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Language < out[j].Language })
-	return out, nil
-}
-
-func (b *Backend) hasLanguage(lang string) error {
-	if _, ok := b.runners[lang]; ok {
-		return nil
-	}
-	return agent.UnknownLanguage(lang, maps.Keys(b.runners))
+	return b.listRunners(), nil
 }
 
 // Ping implements sandbox.Backend: bwrap must still be there.
@@ -340,10 +316,24 @@ func traversable(root string, uid, gid int) error {
 	}
 }
 
-// probe starts a throw-away sandbox with every mount a session uses and
-// runs /usr/bin/true in it: user namespaces, bwrap and the path
-// permissions of Root are checked once, at start.
+// probe starts a throw-away sandbox of each runner, with every mount a
+// session uses, and runs /usr/bin/true in it: user namespaces, bwrap, the
+// runner file systems and the path permissions of Root are checked once,
+// at start.
 func (b *Backend) probe(ctx context.Context) error {
+	rs := b.sandboxRunners()
+	if len(rs) == 0 {
+		rs = []*runner{{}}
+	}
+	for _, r := range rs {
+		if err := b.probeRunner(ctx, r); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (b *Backend) probeRunner(ctx context.Context, r *runner) error {
 	id := sandbox.NewID()
 	runDir := filepath.Join(b.o.Root, "run", "p-"+id)
 	ws := runDir + ".probe"
@@ -357,7 +347,7 @@ func (b *Backend) probe(ctx context.Context) error {
 			_ = os.RemoveAll(d)
 		}
 	}()
-	args := b.bwrapArgs(ws, runDir, []string{"/usr/bin/true"})
+	args := b.bwrapArgs(r, ws, runDir, []string{"/usr/bin/true"})
 	cmd := exec.CommandContext(ctx, b.o.Bwrap, args...)
 	cmd.SysProcAttr = b.sysProcAttr(b.uid, b.gid)
 	cmd.Env = []string{}

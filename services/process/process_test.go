@@ -86,7 +86,10 @@ func TestFilesPersistAndChanged(t *testing.T) {
 }
 
 func TestNoNetwork(t *testing.T) {
-	b := newBackend(t, nil)
+	eachRoot(t, nil, func(t *testing.T, b *Backend) { testNoNetwork(t, b) })
+}
+
+func testNoNetwork(t *testing.T, b *Backend) {
 	s := open(t, b)
 	res := exec1(t, s, "python", `
 import socket
@@ -150,13 +153,65 @@ func TestHostInvisible(t *testing.T) {
 	}
 }
 
+// TestCredentialsInEveryRunner: code in every runner runs as uid and gid
+// 1000 with no capabilities (not even bounding ones to regain by exec)
+// and no_new_privs set, on both roots.
+func TestCredentialsInEveryRunner(t *testing.T) {
+	eachRoot(t, nil, func(t *testing.T, b *Backend) {
+		rs, err := b.Runners(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		s := open(t, b)
+		want := "Uid:\t1000\t1000\t1000\t1000\nGid:\t1000\t1000\t1000\t1000\nCapInh:\t0000000000000000\nCapPrm:\t0000000000000000\n" +
+			"CapEff:\t0000000000000000\nCapBnd:\t0000000000000000\nCapAmb:\t0000000000000000\nNoNewPrivs:\t1\n"
+		for _, r := range rs {
+			// Each language's own process reads its status.
+			code := `grep -E '^(Uid|Gid|Cap[A-Za-z]+|NoNewPrivs):' /proc/self/status`
+			switch r.Language {
+			case "python":
+				code = "import re; print(''.join(l for l in open('/proc/self/status') if re.match(r'(Uid|Gid|Cap[A-Za-z]+|NoNewPrivs):', l)), end='')"
+			case "typescript", "javascript":
+				code = "process.stdout.write(require('fs').readFileSync('/proc/self/status', 'utf8').split('\\n').filter(l => /^(Uid|Gid|Cap[A-Za-z]+|NoNewPrivs):/.test(l)).map(l => l + '\\n').join(''));"
+			}
+			res := exec1(t, s, r.Language, code, 60*time.Second)
+			if string(res.Stdout) != want {
+				t.Errorf("%s: credentials\n%s%s\nwant\n%s", r.Language, res.Stdout, res.Stderr, want)
+			}
+		}
+	})
+}
+
+// TestNoNestedUserNamespaces: code cannot make a user namespace of its own
+// (and so regain capabilities in it), on both roots.
+func TestNoNestedUserNamespaces(t *testing.T) {
+	eachRoot(t, nil, func(t *testing.T, b *Backend) {
+		s := open(t, b)
+		res := exec1(t, s, "python", `import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+for name, flag in (("user", 0x10000000), ("user+net", 0x10000000 | 0x40000000)):
+    rc = libc.unshare(flag)
+    print(name, rc, os.strerror(ctypes.get_errno()) if rc else "UNSHARED")`, 20*time.Second)
+		if want := "user -1 No space left on device\nuser+net -1 No space left on device\n"; string(res.Stdout) != want {
+			t.Fatalf("unshare: %q %q, want %q", res.Stdout, res.Stderr, want)
+		}
+		res = exec1(t, s, "bash", "unshare -Urn id 2>&1; echo rc=$?", 20*time.Second)
+		if string(res.Stdout) != "unshare: unshare failed: No space left on device\nrc=1\n" {
+			t.Fatalf("unshare -Urn: %q %q", res.Stdout, res.Stderr)
+		}
+	})
+}
+
 // TestStrayDescriptorNeverReachesSandbox: the launch chain (wrapper,
 // prlimit, bwrap) passes on whatever the broker holds without
 // close-on-exec; the agent closes all of it before any code runs, so a
 // host directory the broker leaked is out of reach (issue 15, defect 1,
 // here without the broker's own close-on-exec pass).
 func TestStrayDescriptorNeverReachesSandbox(t *testing.T) {
-	b := newBackend(t, nil)
+	eachRoot(t, nil, func(t *testing.T, b *Backend) { testStrayDescriptorNeverReachesSandbox(t, b) })
+}
+
+func testStrayDescriptorNeverReachesSandbox(t *testing.T, b *Backend) {
 	dir := filepath.Join(newRoot(t), "hostdir")
 	if err := os.Mkdir(dir, 0o777); err != nil {
 		t.Fatal(err)
@@ -190,10 +245,13 @@ func mustJSON(v any) string {
 }
 
 func TestWritableOnlyWorkspaceAndTmp(t *testing.T) {
-	b := newBackend(t, nil)
+	eachRoot(t, nil, func(t *testing.T, b *Backend) { testWritableOnlyWorkspaceAndTmp(t, b) })
+}
+
+func testWritableOnlyWorkspaceAndTmp(t *testing.T, b *Backend) {
 	s := open(t, b)
 	res := exec1(t, s, "bash", `
-for p in /x /usr/x /etc/x /etc/passwd /opt/sandbox/broker /opt/x /run/x /run/sandbox-egress/x /dev/x /proc/x /mnt/x /bin/x; do
+for p in /x /usr/x /etc/x /etc/passwd /etc/shadow /opt/sandbox/broker /opt/x /run/x /run/sandbox-egress/x /dev/x /proc/x /mnt/x /bin/x /home/sandbox/x /var/tmp/x /run/lock/x /root/x; do
   if (echo hi > "$p") 2>/dev/null; then echo "WROTE $p"; fi
 done
 echo ok > /mnt/data/w && echo ok > /tmp/w && echo ok > /dev/shm/w && echo writable-ok
@@ -205,7 +263,10 @@ echo ok > /mnt/data/w && echo ok > /tmp/w && echo ok > /dev/shm/w && echo writab
 }
 
 func TestPidNamespace(t *testing.T) {
-	b := newBackend(t, nil)
+	eachRoot(t, nil, func(t *testing.T, b *Backend) { testPidNamespace(t, b) })
+}
+
+func testPidNamespace(t *testing.T, b *Backend) {
 	s := open(t, b)
 	res := exec1(t, s, "python", `
 import os
@@ -265,13 +326,16 @@ func TestDaemonAfterNormalExitIsSwept(t *testing.T) {
 }
 
 func TestRlimits(t *testing.T) {
-	b := newBackend(t, func(o *Options) {
+	eachRoot(t, func(o *Options) {
 		o.NProc = 48
 		o.FSizeBytes = 1 << 20
 		o.NoFile = 512
 		o.CPUSeconds = 120
 		o.AddressSpace = 3 << 30
-	})
+	}, testRlimits)
+}
+
+func testRlimits(t *testing.T, b *Backend) {
 	s := open(t, b)
 	res := exec1(t, s, "bash", "cat /proc/self/limits", 20*time.Second)
 	limits := string(res.Stdout)
@@ -556,7 +620,7 @@ func TestAgentSocketSymlinkRefused(t *testing.T) {
 
 func TestBwrapArgsBindOnlyWhatTheyShould(t *testing.T) {
 	b := &Backend{o: withDefaults(Options{Root: "/srv/root"}), etcDir: "/srv/root/etc-sandbox", agent: "/srv/root/bin/sandbox-agent"}
-	args := b.bwrapArgs("/srv/root/workspaces/w", "/srv/root/run/p-1", []string{"/cmd"})
+	args := b.bwrapArgs(&runner{}, "/srv/root/workspaces/w", "/srv/root/run/p-1", []string{"/cmd"})
 	allowed := map[string]bool{"/usr": true, "/srv/root/workspaces/w": true, "/srv/root/run/p-1": true, "/srv/root/bin/sandbox-agent": true}
 	for _, p := range hostEtc {
 		allowed[p] = true
@@ -589,7 +653,7 @@ func TestBwrapArgsBindOnlyWhatTheyShould(t *testing.T) {
 			i = len(args)
 		}
 	}
-	for _, f := range []string{"--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-net",
+	for _, f := range []string{"--unshare-user", "--disable-userns", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-net",
 		"--unshare-cgroup-try", "--die-with-parent", "--new-session", "--clearenv", "--cap-drop", "--remount-ro"} {
 		if !flags[f] {
 			t.Errorf("missing %s", f)
@@ -601,9 +665,12 @@ func TestBwrapArgsBindOnlyWhatTheyShould(t *testing.T) {
 }
 
 func TestEgressListenerReachableFromSandbox(t *testing.T) {
-	b := newBackend(t, nil)
+	eachRoot(t, nil, testEgressListenerReachableFromSandbox)
+}
+
+func testEgressListenerReachableFromSandbox(t *testing.T, b *Backend) {
 	s := open(t, b)
-	exec1(t, s, "bash", "true", 20*time.Second)
+	exec1(t, s, "python", "pass", 20*time.Second) // the sandbox python runs in (one per runner on runner file systems)
 	sb := current(t, s)
 	name := "egress-" + sandbox.NewID() + ".sock"
 	ln, err := b.egressListener(filepath.Join(sb.runDir, name), s.uid, s.gid)
@@ -666,13 +733,55 @@ func BenchmarkExecPrint(b *testing.B) {
 	b.ReportMetric(float64(lat[len(lat)*95/100].Microseconds())/1000, "p95-ms")
 }
 
+// BenchmarkExecPrintRootfs interleaves, per iteration, print(1) on the
+// host's Python, print(1) on the python runner's file system and
+// console.log(1) on the typescript runner's, each in a warm sandbox: the
+// backend alone, without the broker, under the same load.
+func BenchmarkExecPrintRootfs(b *testing.B) {
+	host, rootfs := open(b, newBackend(b, nil)), open(b, newRootfsBackend(b, nil))
+	cases := []struct {
+		name, lang, code string
+		s                *Session
+	}{
+		{"host-py", "python", "print(1)", host},
+		{"rootfs-py", "python", "print(1)", rootfs},
+		{"rootfs-ts", "typescript", "console.log(1)", rootfs},
+	}
+	lat := make([][]time.Duration, len(cases))
+	for _, c := range cases {
+		exec1(b, c.s, c.lang, c.code, time.Minute) // start + warm
+	}
+	b.ResetTimer()
+	for range b.N {
+		for i, c := range cases {
+			start := time.Now()
+			res := exec1(b, c.s, c.lang, c.code, time.Minute)
+			lat[i] = append(lat[i], time.Since(start))
+			if string(res.Stdout) != "1\n" {
+				b.Fatalf("%s: stdout %q stderr %q", c.name, res.Stdout, res.Stderr)
+			}
+		}
+	}
+	b.StopTimer()
+	for i, c := range cases {
+		l := lat[i]
+		sort.Slice(l, func(i, j int) bool { return l[i] < l[j] })
+		b.ReportMetric(float64(l[len(l)/2].Microseconds())/1000, c.name+"-p50-ms")
+		b.ReportMetric(float64(l[len(l)*95/100].Microseconds())/1000, c.name+"-p95-ms")
+	}
+	b.ReportMetric(0, "ns/op")
+}
+
 // Each session runs as a host uid of its own, so one session's processes
 // count against its own RLIMIT_NPROC, and it cannot signal another's.
 func TestSessionsRunAsTheirOwnHostUIDs(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("per-session uids need a root broker")
 	}
-	b := newBackend(t, func(o *Options) { o.NProc = 40 })
+	eachRoot(t, func(o *Options) { o.NProc = 40 }, testSessionsRunAsTheirOwnHostUIDs)
+}
+
+func testSessionsRunAsTheirOwnHostUIDs(t *testing.T, b *Backend) {
 	s1, s2 := open(t, b), open(t, b)
 	uidOf := func(s *Session) int {
 		out := exec1(t, s, "bash", "echo started", 20*time.Second)

@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -20,6 +21,7 @@ import (
 // sbx is one running sandbox: the bwrap process tree of a session's agent.
 type sbx struct {
 	id      string
+	r       *runner
 	runDir  string // host <Root>/run/p-<id>, bound at agent.SocketDir (rw)
 	pidFile string // host <Root>/run/p-<id>.pid: "pid starttime" of bwrap
 	cmd     *exec.Cmd
@@ -37,6 +39,10 @@ type sbx struct {
 	// sessionsBefore); guarded by the session's runMu.
 	kernelSID int
 	known     agent.SessionCache
+	// warming is set while a warm-up is pending (see warmAsync); used is
+	// when its last run ended (UnixNano).
+	warming atomic.Bool
+	used    atomic.Int64
 }
 
 func (s *sbx) alive() bool {
@@ -55,9 +61,10 @@ func (s *sbx) alive() bool {
 // dies first, read fails and nothing starts.
 const wrapperScript = `read -r x <&3 && [ "$x" = go ] && exec "$@" 3<&-; exit 111`
 
-// start launches a sandbox with workspaceDir at /mnt/data and waits for its
-// agent (and, for python, its warm zygote).
-func (b *Backend) start(ctx context.Context, workspaceDir string, uid, gid int) (*sbx, error) {
+// start launches a sandbox of r with workspaceDir at /mnt/data and waits
+// for its agent; its language runtime then warms up in the background.
+func (b *Backend) start(ctx context.Context, r *runner, workspaceDir string, uid, gid int) (*sbx, error) {
+	defer b.o.Warmups.Starting()()
 	b.mu.Lock()
 	closed := b.closed
 	b.mu.Unlock()
@@ -67,6 +74,7 @@ func (b *Backend) start(ctx context.Context, workspaceDir string, uid, gid int) 
 	id := sandbox.NewID()
 	s := &sbx{
 		id:      id,
+		r:       r,
 		runDir:  filepath.Join(b.o.Root, "run", "p-"+id),
 		exited:  make(chan struct{}),
 		stderr:  &tailBuffer{max: 2048},
@@ -87,26 +95,26 @@ func (b *Backend) start(ctx context.Context, workspaceDir string, uid, gid int) 
 	}
 	s.cg = cg
 
-	r, w, err := os.Pipe()
+	pr, w, err := os.Pipe()
 	if err != nil {
 		cleanup()
 		return nil, brokererr.Wrap(err, brokererr.InternalError, "cannot start a sandbox")
 	}
-	args := append([]string{"-c", wrapperScript, "sandbox-wrapper"}, b.prlimitArgs()...)
+	args := append([]string{"-c", wrapperScript, "sandbox-wrapper"}, b.prlimitArgs(r)...)
 	args = append(args, b.o.Bwrap)
-	args = append(args, b.bwrapArgs(workspaceDir, s.runDir, b.agentCommand())...)
+	args = append(args, b.bwrapArgs(r, workspaceDir, s.runDir, b.agentCommand(r))...)
 	cmd := &exec.Cmd{
 		Path:        "/bin/sh",
 		Args:        append([]string{"sh"}, args...),
 		Env:         []string{"PATH=/usr/bin:/bin"},
 		Dir:         "/",
 		Stderr:      s.stderr,
-		ExtraFiles:  []*os.File{r},
+		ExtraFiles:  []*os.File{pr},
 		SysProcAttr: b.sysProcAttr(uid, gid),
 		WaitDelay:   2 * time.Second,
 	}
 	err = cmd.Start()
-	r.Close()
+	pr.Close()
 	if err != nil {
 		w.Close()
 		cleanup()
@@ -159,15 +167,46 @@ func (b *Backend) start(ctx context.Context, workspaceDir string, uid, gid int) 
 		b.log.Warn().Err(err).Str("sandbox", id).Str("stderr_tail", b.redact(s.stderr.String(), workspaceDir)).Msg("sandbox_agent_not_ready")
 		return fail(brokererr.Wrap(err, brokererr.Unavailable, "the sandbox did not become ready"))
 	}
-	if _, ok := b.runners[agent.LangPython]; ok {
-		// Runs need the zygote in place before a run's session snapshot
-		// (see strays), and the first run then pays no import cost.
-		if err := agent.WaitWarm(rctx, s.socket()); err != nil {
-			b.log.Warn().Str("sandbox", id).Msg("zygote_not_warm")
-		}
-	}
+	// The first run does not wait for the runtime (it lives in the agent's
+	// session, which every stray check counts as existing: agent/infra.go).
+	b.warmAsync(s)
 	return s, nil
 }
+
+// warmAsync has sb's agent warm its language runtime in the background, in
+// its turn (Options.Warmups); at most one warm-up is pending per sandbox.
+// A sandbox unused for the agent's idle release is left cold: the agent
+// would only release it again.
+func (b *Backend) warmAsync(sb *sbx) {
+	if !agent.HasRuntime(sb.r.lang) || !sb.warming.CompareAndSwap(false, true) {
+		return
+	}
+	b.bg.Add(1)
+	go func() {
+		defer b.bg.Done()
+		defer sb.warming.Store(false)
+		ctx, cancel := context.WithTimeout(context.Background(), warmTurnLimit) // ends with sb (Close stops every sandbox)
+		defer cancel()
+		go func() {
+			select {
+			case <-sb.exited:
+				cancel()
+			case <-ctx.Done():
+			}
+		}()
+		err := agent.WarmInTurn(ctx, b.o.Warmups, sb.socket(), func() bool {
+			used := sb.used.Load()
+			return b.o.IdleRelease > 0 && used != 0 && time.Since(time.Unix(0, used)) >= b.o.IdleRelease
+		})
+		if err != nil && ctx.Err() == nil {
+			b.log.Warn().Err(err).Str("sandbox", sb.id).Msg("sandbox_not_warm")
+		}
+	}()
+}
+
+// warmTurnLimit bounds the wait for a warm-up's turn; a later cold run
+// asks again.
+const warmTurnLimit = 10 * time.Minute
 
 // stop kills the sandbox's whole tree and removes its run dir, pid file
 // and cgroup. The outer bwrap's death SIGKILLs the namespace's init

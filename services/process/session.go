@@ -12,9 +12,10 @@ import (
 	"github.com/sandbox-broker/sandbox-broker/services/workspace"
 )
 
-// Session is one session's sandbox: one bwrap sandbox whose agent serves
-// every language, started on first use and restarted when it died or was
-// retired. It implements sandbox.Session and sandbox.JobRunner.
+// Session is one session's sandboxes: one bwrap sandbox per runner (per
+// language with runner file systems, one for all on the host's /usr),
+// each started on first use and restarted when it died or was retired.
+// It implements sandbox.Session and sandbox.JobRunner.
 type Session struct {
 	workspace.Files // WriteFile, ReadFile, ListFiles
 	b               *Backend
@@ -23,11 +24,11 @@ type Session struct {
 
 	runMu sync.Mutex // serialises Exec (the agent runs one request at a time)
 
-	mu        sync.Mutex // guards sb and destroyed
-	sb        *sbx
+	mu        sync.Mutex // guards sbs and destroyed
+	sbs       map[*runner]*sbx
 	destroyed bool
 
-	kernel *sandbox.KernelLedger // the notebook kernel in its sandbox
+	kernel *sandbox.KernelLedger // the notebook kernel in its python sandbox
 }
 
 var (
@@ -46,7 +47,7 @@ func (b *Backend) Open(ctx context.Context, ref sandbox.SessionRef) (sandbox.Ses
 	if closed {
 		return nil, brokererr.New(brokererr.Unavailable, "the process sandbox backend is shut down")
 	}
-	s := &Session{b: b, ref: ref, kernel: b.kernels.Get(ref.WorkspaceID)}
+	s := &Session{b: b, ref: ref, sbs: map[*runner]*sbx{}, kernel: b.kernels.Get(ref.WorkspaceID)}
 	var err error
 	if s.uid, s.gid, err = b.sessionIDs(ctx, ref.WorkspaceID); err != nil {
 		return nil, err
@@ -56,43 +57,52 @@ func (b *Backend) Open(ctx context.Context, ref sandbox.SessionRef) (sandbox.Ses
 	return s, nil
 }
 
-// sandbox returns the session's running sandbox, starting one if there is
-// none or the last one died.
-func (s *Session) sandbox(ctx context.Context) (*sbx, error) {
+// sandbox returns the session's running sandbox of r, starting one if
+// there is none or the last one died.
+func (s *Session) sandbox(ctx context.Context, r *runner) (*sbx, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.destroyed {
 		return nil, brokererr.New(brokererr.SandboxNotFound, "the sandbox was destroyed")
 	}
-	if s.sb != nil && s.sb.alive() {
-		return s.sb, nil
+	old := s.sbs[r]
+	if old != nil && old.alive() {
+		return old, nil
 	}
-	if s.sb != nil {
-		s.b.log.Info().Str("sandbox", s.sb.id).Msg("sandbox_died_restarting")
-		s.kernel.Lost(sandbox.LostStopped)
-		_ = s.b.stop(ctx, s.sb)
-		s.sb = nil
+	if old != nil {
+		s.b.log.Info().Str("sandbox", old.id).Msg("sandbox_died_restarting")
+		s.lostKernel(old, sandbox.LostStopped)
+		_ = s.b.stop(ctx, old)
+		delete(s.sbs, r)
 	}
 	w, err := s.OpenWorkspace(ctx)
 	if err != nil {
 		return nil, err
 	}
 	_ = w.Close()
-	sb, err := s.b.start(ctx, s.ref.Dir, s.uid, s.gid)
+	sb, err := s.b.start(ctx, r, s.ref.Dir, s.uid, s.gid)
 	if err != nil {
 		return nil, err
 	}
-	s.sb = sb
+	s.sbs[r] = sb
 	return sb, nil
+}
+
+// lostKernel notes why the notebook kernel went when sb, the sandbox that
+// runs python (and so the kernel), goes.
+func (s *Session) lostKernel(sb *sbx, why string) {
+	if sb.r.lang == agent.LangPython {
+		s.kernel.Lost(why)
+	}
 }
 
 // retire stops sb and forgets it if it is still the session's sandbox;
 // why says what that did to a notebook kernel in it.
 func (s *Session) retire(sb *sbx, why string) {
 	s.mu.Lock()
-	if s.sb == sb {
-		s.sb = nil
-		s.kernel.Lost(why)
+	if s.sbs[sb.r] == sb {
+		delete(s.sbs, sb.r)
+		s.lostKernel(sb, why)
 	}
 	s.mu.Unlock()
 	s.b.bg.Add(1)
@@ -106,12 +116,13 @@ func (s *Session) retire(sb *sbx, why string) {
 
 // Exec runs code through the session's agent.
 func (s *Session) Exec(ctx context.Context, req sandbox.ExecRequest) (sandbox.ExecResult, error) {
-	if err := s.b.hasLanguage(req.Language); err != nil {
+	r, err := s.b.runnerFor(req.Language)
+	if err != nil {
 		return sandbox.ExecResult{}, err
 	}
 	s.runMu.Lock()
 	defer s.runMu.Unlock()
-	sb, err := s.sandbox(ctx)
+	sb, err := s.sandbox(ctx, r)
 	if err != nil {
 		return sandbox.ExecResult{}, err
 	}
@@ -165,6 +176,10 @@ func (s *Session) Exec(ctx context.Context, req sandbox.ExecRequest) (sandbox.Ex
 		}
 		s.b.log.Warn().Err(err).Str("sandbox", sb.id).Msg("sandbox_agent_unreachable")
 		return sandbox.ExecResult{Duration: dur}, brokererr.Wrap(err, brokererr.Unavailable, "the sandbox stopped responding; it will be restarted on the next call")
+	}
+	sb.used.Store(time.Now().UnixNano())
+	if resp.Cold {
+		s.b.warmAsync(sb) // released when idle, or still warming up
 	}
 	res, err := agent.ExecResult(resp, dur)
 	if err != nil {
@@ -228,16 +243,14 @@ func (s *Session) hold() (func(), error) {
 	return func() {}, nil
 }
 
-// stopLocked stops the current sandbox, waiting. Caller holds s.mu.
+// stopLocked stops the session's sandboxes, waiting. Caller holds s.mu.
 func (s *Session) stopLocked(ctx context.Context) error {
-	if s.sb == nil {
-		return nil
+	for r, sb := range s.sbs {
+		if err := s.b.stop(ctx, sb); err != nil {
+			return brokererr.Wrap(err, brokererr.Unavailable, "cannot stop the sandbox")
+		}
+		delete(s.sbs, r)
 	}
-	sb := s.sb
-	if err := s.b.stop(ctx, sb); err != nil {
-		return brokererr.Wrap(err, brokererr.Unavailable, "cannot stop the sandbox")
-	}
-	s.sb = nil
 	return nil
 }
 

@@ -13,6 +13,8 @@ import (
 	"github.com/sandbox-broker/sandbox-broker/services/codesandbox"
 	"github.com/sandbox-broker/sandbox-broker/services/codesandbox/csbfake"
 	"github.com/sandbox-broker/sandbox-broker/services/projects"
+
+	"github.com/sandbox-broker/sandbox-broker/services/statedb/statedbtest"
 )
 
 const key = "csb_v1_manager_test_0123456789"
@@ -30,6 +32,12 @@ func (c *clock) add(d time.Duration) { c.mu.Lock(); c.t = c.t.Add(d); c.mu.Unloc
 // provider against the fake.
 func newManager(t *testing.T) (*projects.Manager, *csbfake.Server, *clock) {
 	t.Helper()
+	return newManagerOn(t, filepath.Join(t.TempDir(), "state.db"))
+}
+
+// newManagerOn is newManager on the store at loc.
+func newManagerOn(t *testing.T, loc string) (*projects.Manager, *csbfake.Server, *clock) {
+	t.Helper()
 	fake := csbfake.New(t, key)
 	p, err := codesandbox.NewProvider(codesandbox.ProviderOptions{API: codesandbox.Options{BaseURL: fake.URL(), APIKey: key}, Log: zerolog.Nop()})
 	if err != nil {
@@ -37,7 +45,7 @@ func newManager(t *testing.T) (*projects.Manager, *csbfake.Server, *clock) {
 	}
 	t.Cleanup(func() { _ = p.Close(context.Background()) })
 	clk := &clock{t: time.Now()}
-	m, err := projects.Open(context.Background(), projects.Options{DBPath: filepath.Join(t.TempDir(), "state.db"), Provider: p, Now: clk.now, Log: zerolog.Nop()})
+	m, err := projects.Open(context.Background(), projects.Options{DBPath: loc, Provider: p, Now: clk.now, Log: zerolog.Nop()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -45,8 +53,10 @@ func newManager(t *testing.T) (*projects.Manager, *csbfake.Server, *clock) {
 	return m, fake, clk
 }
 
-func TestOwnershipAndTTL(t *testing.T) {
-	m, fake, clk := newManager(t)
+func TestOwnershipAndTTL(t *testing.T) { eachStore(t, testOwnershipAndTTL) }
+
+func testOwnershipAndTTL(t *testing.T, loc func(testing.TB) string) {
+	m, fake, clk := newManagerOn(t, loc(t))
 	ctx := context.Background()
 	rec, _, err := m.Create(ctx, "alice", projects.CreateRequest{ProjectName: "shop", Template: "react"})
 	if err != nil {
@@ -92,8 +102,10 @@ func TestOwnershipAndTTL(t *testing.T) {
 // TestClockSteppedBack: a sandbox created before the wall clock is
 // stepped back (a day here) is not destroyed early, and still ends at most
 // a TTL after the step rather than a TTL plus the step.
-func TestClockSteppedBack(t *testing.T) {
-	m, fake, clk := newManager(t)
+func TestClockSteppedBack(t *testing.T) { eachStore(t, testClockSteppedBack) }
+
+func testClockSteppedBack(t *testing.T, loc func(testing.TB) string) {
+	m, fake, clk := newManagerOn(t, loc(t))
 	ctx := context.Background()
 	rec, _, err := m.Create(ctx, "alice", projects.CreateRequest{ProjectName: "x", Template: "node"})
 	if err != nil {
@@ -153,7 +165,11 @@ func TestFilesValidation(t *testing.T) {
 }
 
 func TestPerPrincipalCapHoldsUnderParallelCreates(t *testing.T) {
-	m, fake, _ := newManager(t)
+	eachStore(t, testPerPrincipalCapHoldsUnderParallelCreates)
+}
+
+func testPerPrincipalCapHoldsUnderParallelCreates(t *testing.T, loc func(testing.TB) string) {
+	m, fake, _ := newManagerOn(t, loc(t))
 	fake.SetLimits(csbfake.Limits{RequestsHourly: 10000, SandboxesHourly: 1000, ConcurrentVMs: 1000})
 	const tries = projects.MaxPerPrincipal + 4
 	var wg sync.WaitGroup
@@ -198,8 +214,12 @@ func TestPerPrincipalCapHoldsUnderParallelCreates(t *testing.T) {
 // them) and spares those with a row, expired or not. The broker is
 // restarted in between, so its provider holds nothing open.
 func TestSweepDeletesSandboxesWithoutARow(t *testing.T) {
+	eachStore(t, testSweepDeletesSandboxesWithoutARow)
+}
+
+func testSweepDeletesSandboxesWithoutARow(t *testing.T, loc func(testing.TB) string) {
 	fake := csbfake.New(t, key)
-	dbPath := filepath.Join(t.TempDir(), "state.db")
+	dbPath := loc(t)
 	clk := &clock{t: time.Now()}
 	open := func() (*projects.Manager, *codesandbox.Provider) {
 		p, err := codesandbox.NewProvider(codesandbox.ProviderOptions{API: codesandbox.Options{BaseURL: fake.URL(), APIKey: key},
@@ -236,4 +256,10 @@ func TestSweepDeletesSandboxesWithoutARow(t *testing.T) {
 	if st, _ := fake.Sandbox(rec.ID); st.Deleted {
 		t.Fatal("a sandbox with a row was swept")
 	}
+}
+
+// eachStore runs fn once per store (a state.db file, a PostgreSQL
+// database), handing it that store's location maker.
+func eachStore(t *testing.T, fn func(t *testing.T, loc func(testing.TB) string)) {
+	statedbtest.Run(t, func(t *testing.T, st statedbtest.Store) { fn(t, st.Loc) })
 }

@@ -4,14 +4,21 @@ import (
 	"context"
 	"testing"
 	"time"
+
+	"github.com/sandbox-broker/sandbox-broker/services/statedb/statedbtest"
 )
 
-// BenchmarkAllowCall measures the per-tool-call cost: one BEGIN IMMEDIATE
-// read-decide-upsert-commit on a real WAL file.
+// BenchmarkAllowCall measures the per-tool-call cost: one locked
+// read-decide-upsert-commit, on a real WAL file (BEGIN IMMEDIATE) and on
+// PostgreSQL over loopback (the advisory lock).
 func BenchmarkAllowCall(b *testing.B) {
+	statedbtest.Run(b, func(b *testing.B, st statedbtest.Store) { benchmarkAllowCall(b, st.Loc(b)) })
+}
+
+func benchmarkAllowCall(b *testing.B, loc string) {
 	ctx := context.Background()
 	c := newClock(t0)
-	s := openStore(b, dbPath(b), c)
+	s := openStore(b, loc, c)
 	l := Limits{CallsPerMinute: 1 << 30}
 	b.ReportAllocs()
 	for i := 0; b.Loop(); i++ {
@@ -25,8 +32,12 @@ func BenchmarkAllowCall(b *testing.B) {
 }
 
 func BenchmarkAllowCallParallel(b *testing.B) {
+	statedbtest.Run(b, func(b *testing.B, st statedbtest.Store) { benchmarkAllowCallParallel(b, st.Loc(b)) })
+}
+
+func benchmarkAllowCallParallel(b *testing.B, loc string) {
 	ctx := context.Background()
-	s := openStore(b, dbPath(b), newClock(t0))
+	s := openStore(b, loc, newClock(t0))
 	l := Limits{CallsPerMinute: 1 << 30}
 	b.ReportAllocs()
 	b.RunParallel(func(pb *testing.PB) {

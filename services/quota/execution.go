@@ -28,7 +28,7 @@ const (
 	sqlChargeExpired = `INSERT INTO quota_buckets (principal, kind, window_start, count)
 		SELECT principal, ?1, ?2, sum(ms) FROM quota_reservations
 		WHERE expires_at <= ?3 AND (?4 = '' OR principal = ?4) GROUP BY principal
-		ON CONFLICT (principal, kind, window_start) DO UPDATE SET count = count + excluded.count`
+		ON CONFLICT (principal, kind, window_start) DO UPDATE SET count = quota_buckets.count + excluded.count`
 	sqlDeleteExpired = `DELETE FROM quota_reservations WHERE expires_at <= ?1 AND (?2 = '' OR principal = ?2)`
 )
 

@@ -24,7 +24,9 @@ func settle(t *testing.T, s *Store, r Reservation, d time.Duration) {
 	}
 }
 
-func TestExecutionBudget(t *testing.T) {
+func TestExecutionBudget(t *testing.T) { eachStore(t, testExecutionBudget) }
+
+func testExecutionBudget(t *testing.T, dbPath func(testing.TB) string) {
 	ctx := context.Background()
 	c := newClock(t0.Add(15*time.Hour + 500*time.Millisecond))
 	s := openStore(t, dbPath(t), c)
@@ -70,7 +72,9 @@ func TestExecutionBudget(t *testing.T) {
 
 // A run asks for its whole timeout: one that does not fit in what is left
 // is refused even though some budget remains.
-func TestReservationMustFit(t *testing.T) {
+func TestReservationMustFit(t *testing.T) { eachStore(t, testReservationMustFit) }
+
+func testReservationMustFit(t *testing.T, dbPath func(testing.TB) string) {
 	s := openStore(t, dbPath(t), newClock(t0))
 	l := Limits{ExecutionPerDay: time.Minute}
 	_, r := reserve(t, s, "ida", l, 10*time.Second)
@@ -86,6 +90,10 @@ func TestReservationMustFit(t *testing.T) {
 // Runs started at once from one principal with budget for one: exactly one
 // reservation is granted, however many race (the concurrency overspend).
 func TestConcurrentReservationsCannotOverspend(t *testing.T) {
+	eachStore(t, testConcurrentReservationsCannotOverspend)
+}
+
+func testConcurrentReservationsCannotOverspend(t *testing.T, dbPath func(testing.TB) string) {
 	c := newClock(t0.Add(time.Hour))
 	path := dbPath(t)
 	stores := []*Store{openStore(t, path, c), openStore(t, path, c)} // two brokers, one file
@@ -130,6 +138,10 @@ func TestConcurrentReservationsCannotOverspend(t *testing.T) {
 // it expires, at the latest when a broker next opens the database, and a late
 // settle adds only what ran past it.
 func TestExpiredReservationIsChargedOnce(t *testing.T) {
+	eachStore(t, testExpiredReservationIsChargedOnce)
+}
+
+func testExpiredReservationIsChargedOnce(t *testing.T, dbPath func(testing.TB) string) {
 	ctx := context.Background()
 	c := newClock(t0.Add(time.Hour))
 	path := dbPath(t)
@@ -168,6 +180,10 @@ func TestExpiredReservationIsChargedOnce(t *testing.T) {
 // A run that waited before starting renews its reservation, which then
 // outlives the original expiry.
 func TestRenewedReservationOutlivesItsFirstExpiry(t *testing.T) {
+	eachStore(t, testRenewedReservationOutlivesItsFirstExpiry)
+}
+
+func testRenewedReservationOutlivesItsFirstExpiry(t *testing.T, dbPath func(testing.TB) string) {
 	ctx := context.Background()
 	c := newClock(t0.Add(time.Hour))
 	s := openStore(t, dbPath(t), c)
@@ -191,7 +207,9 @@ func TestRenewedReservationOutlivesItsFirstExpiry(t *testing.T) {
 }
 
 // The day is the UTC day regardless of the clock's location.
-func TestExecutionDayIsUTC(t *testing.T) {
+func TestExecutionDayIsUTC(t *testing.T) { eachStore(t, testExecutionDayIsUTC) }
+
+func testExecutionDayIsUTC(t *testing.T, dbPath func(testing.TB) string) {
 	tokyo := time.FixedZone("JST", 9*3600)
 	// 08:00 JST on Mar 11 is 23:00 UTC on Mar 10.
 	c := newClock(time.Date(2025, 3, 11, 8, 0, 0, 0, tokyo))
@@ -208,7 +226,9 @@ func TestExecutionDayIsUTC(t *testing.T) {
 	}
 }
 
-func TestSettleExecutionRounding(t *testing.T) {
+func TestSettleExecutionRounding(t *testing.T) { eachStore(t, testSettleExecutionRounding) }
+
+func testSettleExecutionRounding(t *testing.T, dbPath func(testing.TB) string) {
 	ctx := context.Background()
 	s := openStore(t, dbPath(t), newClock(t0))
 	l := LimitsFor(TierPro, 0)

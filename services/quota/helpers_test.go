@@ -6,6 +6,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/sandbox-broker/sandbox-broker/services/statedb/statedbtest"
 )
 
 // clock is a manually advanced time source for the now hook.
@@ -39,6 +41,12 @@ func (c *clock) Add(d time.Duration) {
 var t0 = time.Date(2025, 3, 10, 0, 0, 0, 0, time.UTC)
 
 func dbPath(t testing.TB) string { return filepath.Join(t.TempDir(), "state.db") }
+
+// eachStore runs fn once per store (a state.db file, a PostgreSQL
+// database), handing it that store's dbPath.
+func eachStore(t *testing.T, fn func(t *testing.T, dbPath func(testing.TB) string)) {
+	statedbtest.Run(t, func(t *testing.T, st statedbtest.Store) { fn(t, st.Loc) })
+}
 
 func openStore(t testing.TB, path string, c *clock) *Store {
 	t.Helper()

@@ -53,7 +53,7 @@ const (
 	sqlForget     = `DELETE FROM quota_buckets WHERE principal = ?1 AND kind = ?2 AND window_start >= ?3`
 	sqlAdd        = `INSERT INTO quota_buckets (principal, kind, window_start, count)
 		VALUES (?1, ?2, ?3, ?4)
-		ON CONFLICT (principal, kind, window_start) DO UPDATE SET count = count + excluded.count`
+		ON CONFLICT (principal, kind, window_start) DO UPDATE SET count = quota_buckets.count + excluded.count`
 	sqlPrune = `DELETE FROM quota_buckets WHERE window_start < ?1`
 )
 
@@ -119,7 +119,7 @@ func Open(ctx context.Context, path string, now func() time.Time) (*Store, error
 		statedb.Query{Dst: &st.settle, SQL: sqlSettle},
 		statedb.Query{Dst: &st.chargeExpired, SQL: sqlChargeExpired},
 		statedb.Query{Dst: &st.deleteExpired, SQL: sqlDeleteExpired},
-		statedb.Query{Dst: &st.ping, SQL: `SELECT count(*) FROM (SELECT 1 FROM quota_buckets LIMIT 1)`})
+		statedb.Query{Dst: &st.ping, SQL: `SELECT count(*) FROM (SELECT 1 FROM quota_buckets LIMIT 1) AS one`})
 	if err != nil {
 		db.Close()
 		return nil, fmt.Errorf("quota: %w", err)

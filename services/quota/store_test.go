@@ -43,7 +43,9 @@ func race(t *testing.T, stores []*Store, goroutines, attempts int, l Limits) int
 	return allowed.Load()
 }
 
-func TestConcurrentExactlyLimit(t *testing.T) {
+func TestConcurrentExactlyLimit(t *testing.T) { eachStore(t, testConcurrentExactlyLimit) }
+
+func testConcurrentExactlyLimit(t *testing.T, dbPath func(testing.TB) string) {
 	c := newClock(t0.Add(5 * time.Second))
 	s := openStore(t, dbPath(t), c)
 	l := Limits{CallsPerMinute: 37}
@@ -52,21 +54,26 @@ func TestConcurrentExactlyLimit(t *testing.T) {
 	}
 }
 
-// Two Stores on one file stand in for two broker processes: only SQLite's
-// file locking serialises them.
-func TestConcurrentTwoStoresSameFile(t *testing.T) {
+// Two Stores on one file (or one DATABASE_URL) stand in for two broker
+// processes (replicas): only SQLite's file locking, or the PostgreSQL
+// advisory lock, serialises them. 50 callers race.
+func TestConcurrentTwoStoresSameFile(t *testing.T) { eachStore(t, testConcurrentTwoStoresSameFile) }
+
+func testConcurrentTwoStoresSameFile(t *testing.T, dbPath func(testing.TB) string) {
 	c := newClock(t0.Add(5 * time.Second))
 	path := dbPath(t)
 	a, b := openStore(t, path, c), openStore(t, path, c)
 	l := Limits{CallsPerMinute: 53}
-	if got := race(t, []*Store{a, b}, 40, 5, l); got != 53 {
+	if got := race(t, []*Store{a, b}, 50, 4, l); got != 53 {
 		t.Fatalf("allowed %d of 200 racing calls over two stores, want exactly 53", got)
 	}
 }
 
 // The restart case: a quota exhausted before Close stays exhausted after
 // reopening the same file.
-func TestPersistsAcrossReopen(t *testing.T) {
+func TestPersistsAcrossReopen(t *testing.T) { eachStore(t, testPersistsAcrossReopen) }
+
+func testPersistsAcrossReopen(t *testing.T, dbPath func(testing.TB) string) {
 	ctx := context.Background()
 	c := newClock(t0.Add(20 * time.Second))
 	path := dbPath(t)
@@ -148,7 +155,9 @@ func TestExistingFileTightened(t *testing.T) {
 	}
 }
 
-func TestPrune(t *testing.T) {
+func TestPrune(t *testing.T) { eachStore(t, testPrune) }
+
+func testPrune(t *testing.T, dbPath func(testing.TB) string) {
 	ctx := context.Background()
 	c := newClock(t0)
 	s := openStore(t, dbPath(t), c)

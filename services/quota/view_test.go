@@ -9,9 +9,11 @@ import (
 )
 
 // TestViewFollowsAnotherWriter: a Store whose view is stale (another
-// Store, a second broker process, wrote since) decides on the file: it
-// neither admits past the limit nor refuses what the other freed.
-func TestViewFollowsAnotherWriter(t *testing.T) {
+// Store, a second broker process or replica, wrote since) decides on the
+// store: it neither admits past the limit nor refuses what the other freed.
+func TestViewFollowsAnotherWriter(t *testing.T) { eachStore(t, testViewFollowsAnotherWriter) }
+
+func testViewFollowsAnotherWriter(t *testing.T, dbPath func(testing.TB) string) {
 	ctx := context.Background()
 	c := newClock(t0.Add(5 * time.Second))
 	path := dbPath(t)
@@ -57,7 +59,9 @@ func TestViewFollowsAnotherWriter(t *testing.T) {
 // TestUsageIsServedFromTheView: once a Store holds a principal, get_usage
 // never touches the database (here: closed under it); a principal it does
 // not hold yet is read from the file.
-func TestUsageIsServedFromTheView(t *testing.T) {
+func TestUsageIsServedFromTheView(t *testing.T) { eachStore(t, testUsageIsServedFromTheView) }
+
+func testUsageIsServedFromTheView(t *testing.T, dbPath func(testing.TB) string) {
 	ctx := context.Background()
 	c := newClock(t0.Add(5 * time.Second))
 	path := dbPath(t)
@@ -86,6 +90,10 @@ func TestUsageIsServedFromTheView(t *testing.T) {
 // TestViewMatchesTheFileUnderConcurrency: callers racing every kind of
 // write leave a view that equals what a fresh Store reads from the file.
 func TestViewMatchesTheFileUnderConcurrency(t *testing.T) {
+	eachStore(t, testViewMatchesTheFileUnderConcurrency)
+}
+
+func testViewMatchesTheFileUnderConcurrency(t *testing.T, dbPath func(testing.TB) string) {
 	ctx := context.Background()
 	c := newClock(t0.Add(30 * time.Second))
 	path := dbPath(t)

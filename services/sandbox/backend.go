@@ -12,6 +12,9 @@ import (
 type Runner struct {
 	Language string `json:"language"`
 	Image    string `json:"image"`
+	// Source says what a backend without images runs the language on:
+	// the image's exported file system, or the host's interpreters.
+	Source string `json:"source,omitempty"`
 }
 
 // SessionRef names a session's sandbox: WorkspaceID is an unguessable

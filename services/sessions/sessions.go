@@ -382,6 +382,13 @@ func (m *Manager) destroy(ctx context.Context, principal, wid string, wait bool)
 
 // Reap releases the compute of idle sessions and deletes expired ones.
 func (m *Manager) Reap(ctx context.Context) {
+	m.ReleaseIdle(ctx)
+	m.Expire(ctx)
+}
+
+// ReleaseIdle releases the sandboxes this broker holds for sessions idle
+// past IdleTimeout (each broker replica holds its own).
+func (m *Manager) ReleaseIdle(ctx context.Context) {
 	now := m.o.Now()
 	m.mu.Lock()
 	var idle []string
@@ -394,6 +401,12 @@ func (m *Manager) Reap(ctx context.Context) {
 	for _, wid := range idle {
 		m.releaseIdle(ctx, wid, now)
 	}
+}
+
+// Expire deletes sessions older than MaxAge (the store is shared: with
+// replicas, the leading one does it).
+func (m *Manager) Expire(ctx context.Context) {
+	now := m.o.Now()
 	// A creation time after now means the wall clock was stepped back:
 	// such a session's age counts from now, so it lives at most MaxAge
 	// past the step, not MaxAge plus the step.

@@ -16,6 +16,8 @@ import (
 	"github.com/sandbox-broker/sandbox-broker/services/docker"
 	"github.com/sandbox-broker/sandbox-broker/services/sandbox"
 	"github.com/sandbox-broker/sandbox-broker/services/uids"
+
+	"github.com/sandbox-broker/sandbox-broker/services/statedb/statedbtest"
 )
 
 // clock is a settable time source, so reaping needs no sleeps.
@@ -34,6 +36,13 @@ func (c *clock) Add(d time.Duration) {
 // newManager runs against the real Docker engine with the real agent.
 func newManager(t *testing.T, clk *clock, onCreate func(context.Context, string) error) (*Manager, string) {
 	t.Helper()
+	return newManagerOn(t, "", clk, onCreate)
+}
+
+// newManagerOn is newManager with the state in the store at loc ("" for
+// state.db in the root).
+func newManagerOn(t *testing.T, loc string, clk *clock, onCreate func(context.Context, string) error) (*Manager, string) {
+	t.Helper()
 	if err := exec.Command("docker", "info").Run(); err != nil {
 		if os.Getenv("CI") == "true" {
 			t.Fatal("Docker is required in CI")
@@ -48,7 +57,10 @@ func newManager(t *testing.T, clk *clock, onCreate func(context.Context, string)
 		t.Fatalf("build agent: %v\n%s", err, out)
 	}
 	ctx := context.Background()
-	ids, err := uids.Open(ctx, filepath.Join(root, "state.db"), 1_900_000_000, 65536)
+	if loc == "" {
+		loc = filepath.Join(root, "state.db")
+	}
+	ids, err := uids.Open(ctx, loc, 1_900_000_000, 65536)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -58,7 +70,7 @@ func newManager(t *testing.T, clk *clock, onCreate func(context.Context, string)
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = eng.Close(context.Background()) })
-	m, err := Open(ctx, Options{DBPath: filepath.Join(root, "state.db"), Root: root, Backend: eng,
+	m, err := Open(ctx, Options{DBPath: loc, Root: root, Backend: eng,
 		IdleTimeout: 10 * time.Minute, MaxAge: time.Hour, OnCreate: onCreate, Now: clk.Now, Log: zerolog.Nop()})
 	if err != nil {
 		t.Fatal(err)
@@ -84,10 +96,12 @@ func exec1(t *testing.T, l *Lease, code string) string {
 	return string(res.Stdout)
 }
 
-func TestOwnershipAndGeneratedIDs(t *testing.T) {
+func TestOwnershipAndGeneratedIDs(t *testing.T) { eachStore(t, testOwnershipAndGeneratedIDs) }
+
+func testOwnershipAndGeneratedIDs(t *testing.T, loc func(testing.TB) string) {
 	clk := &clock{now: time.Unix(1_800_000_000, 0)}
 	var created []string
-	m, _ := newManager(t, clk, func(_ context.Context, p string) error { created = append(created, p); return nil })
+	m, _ := newManagerOn(t, loc(t), clk, func(_ context.Context, p string) error { created = append(created, p); return nil })
 	ctx := context.Background()
 	l, err := m.Acquire(ctx, "alice", "", true)
 	if err != nil {
@@ -146,8 +160,12 @@ func TestQuotaRefusalCreatesNothing(t *testing.T) {
 }
 
 func TestReaperReleasesIdleAndExpiresOld(t *testing.T) {
+	eachStore(t, testReaperReleasesIdleAndExpiresOld)
+}
+
+func testReaperReleasesIdleAndExpiresOld(t *testing.T, loc func(testing.TB) string) {
 	clk := &clock{now: time.Unix(1_800_000_000, 0)}
-	m, root := newManager(t, clk, nil)
+	m, root := newManagerOn(t, loc(t), clk, nil)
 	var reaped []Reaped // the operator view's feed; Reap calls it synchronously
 	m.o.OnReap = func(r Reaped) { reaped = append(reaped, r) }
 	ctx := context.Background()
@@ -205,9 +223,11 @@ func TestReaperReleasesIdleAndExpiresOld(t *testing.T) {
 	}
 }
 
-func TestSessionsSurviveReopen(t *testing.T) {
+func TestSessionsSurviveReopen(t *testing.T) { eachStore(t, testSessionsSurviveReopen) }
+
+func testSessionsSurviveReopen(t *testing.T, loc func(testing.TB) string) {
 	clk := &clock{now: time.Unix(1_800_000_000, 0)}
-	m, root := newManager(t, clk, nil)
+	m, root := newManagerOn(t, loc(t), clk, nil)
 	ctx := context.Background()
 	l, err := m.Acquire(ctx, "alice", "persist", true)
 	if err != nil {
@@ -219,7 +239,7 @@ func TestSessionsSurviveReopen(t *testing.T) {
 	if err := m.Close(ctx); err != nil {
 		t.Fatal(err)
 	}
-	m2, err := Open(ctx, Options{DBPath: filepath.Join(root, "state.db"), Root: root, Backend: m.o.Backend, Now: clk.Now, Log: zerolog.Nop()})
+	m2, err := Open(ctx, Options{DBPath: m.o.DBPath, Root: root, Backend: m.o.Backend, Now: clk.Now, Log: zerolog.Nop()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -285,4 +305,10 @@ func TestClockSteppedBack(t *testing.T) {
 		t.Fatalf("a session from after the step expired early: %v", err)
 	}
 	l.Release()
+}
+
+// eachStore runs fn once per store (a state.db file, a PostgreSQL
+// database), handing it that store's location maker.
+func eachStore(t *testing.T, fn func(t *testing.T, loc func(testing.TB) string)) {
+	statedbtest.Run(t, func(t *testing.T, st statedbtest.Store) { fn(t, st.Loc) })
 }

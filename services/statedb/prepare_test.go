@@ -12,16 +12,22 @@ import (
 	"github.com/sandbox-broker/sandbox-broker/services/quota"
 	"github.com/sandbox-broker/sandbox-broker/services/sessions"
 	"github.com/sandbox-broker/sandbox-broker/services/statedb"
+	"github.com/sandbox-broker/sandbox-broker/services/statedb/statedbtest"
 )
 
 // TestPreparedStatementsSurviveMigrations: packages keep their statements
 // prepared for the life of their handle while another opener of state.db
 // migrates it (new tables, a new column and an index on their own tables):
-// every statement still runs, and what it reads and writes is right.
+// every statement still runs, and what it reads and writes is right. On
+// PostgreSQL the statements are prepared through the dialect layer (their
+// placeholders renumbered) and run inside its locked transactions.
 func TestPreparedStatementsSurviveMigrations(t *testing.T) {
+	statedbtest.Run(t, func(t *testing.T, st statedbtest.Store) { testPreparedStatementsSurviveMigrations(t, st.Loc(t)) })
+}
+
+func testPreparedStatementsSurviveMigrations(t *testing.T, path string) {
 	ctx := context.Background()
 	root := t.TempDir()
-	path := filepath.Join(root, "state.db")
 	q, err := quota.Open(ctx, path, nil)
 	if err != nil {
 		t.Fatal(err)

@@ -1,7 +1,10 @@
-// Package statedb opens the broker's shared state database (state.db):
-// quotas, sessions, jobs, projects, sandbox uids and OAuth each keep their
-// tables in it, and each brings them up to date through its own numbered
-// migration steps (services/migrate) when it opens the file.
+// Package statedb opens the broker's shared state database: state.db, a
+// SQLite file beside the broker (the default), or the PostgreSQL database
+// named by DATABASE_URL, which broker replicas share. Quotas, sessions,
+// jobs, projects, sandbox uids and OAuth each keep their tables in it, and
+// each brings them up to date through its own numbered migration steps
+// (services/migrate) when it opens the store. The steps and queries are
+// written once; dialect.go and postgres.go adapt them to PostgreSQL.
 package statedb
 
 import (
@@ -35,15 +38,39 @@ type Schema struct {
 // migrateTimeout bounds waiting for another opener's migration as well.
 const migrateTimeout = 30 * time.Second
 
-// Open opens (creating 0600 if needed) the database at path with the shared
-// pragmas and brings s's tables up to date. The parent directory must exist.
+// Open opens loc, a PostgreSQL URL or a SQLite file path, and brings s's
+// tables up to date. A file is created 0600 if needed, with the shared
+// pragmas; its parent directory must exist.
 // One connection per handle: in-process callers queue on the pool (cheap,
 // honours ctx) instead of spinning in SQLite's busy handler; other handles
 // and processes are serialised by the file lock plus busy_timeout.
-func Open(ctx context.Context, path string, s Schema) (*sql.DB, error) {
+func Open(ctx context.Context, loc string, s Schema) (*sql.DB, error) {
 	if s.Component == "" || len(s.Steps) == 0 {
 		return nil, errors.New("state db: a schema needs a component name and steps")
 	}
+	if IsPostgresURL(loc) {
+		return openPostgres(ctx, loc, s)
+	}
+	return openSQLite(ctx, loc, s)
+}
+
+func openPostgres(ctx context.Context, url string, s Schema) (*sql.DB, error) {
+	db, err := OpenPostgres(url, StateLockKey)
+	if err != nil {
+		return nil, err
+	}
+	steps := make([]string, len(s.Steps))
+	for i, st := range s.Steps {
+		steps[i] = PostgresDDL(st)
+	}
+	if err := apply(ctx, db, Schema{Component: s.Component, Steps: steps}); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("state db: %w", Classify(err))
+	}
+	return db, nil
+}
+
+func openSQLite(ctx context.Context, path string, s Schema) (*sql.DB, error) {
 	abs, err := filepath.Abs(path)
 	if err != nil {
 		return nil, fmt.Errorf("state db: resolve path: %w", err)
@@ -66,8 +93,9 @@ func Open(ctx context.Context, path string, s Schema) (*sql.DB, error) {
 	return db, nil
 }
 
-// apply migrates s in one write transaction (_txlock=immediate), so
-// concurrent openers, in this process or another, take turns.
+// apply migrates s in one write transaction (_txlock=immediate; on
+// Postgres the store's advisory lock), so concurrent openers, in this
+// process or another replica, take turns.
 func apply(ctx context.Context, db *sql.DB, s Schema) error {
 	ctx, cancel := context.WithTimeout(ctx, migrateTimeout)
 	defer cancel()

@@ -4,18 +4,22 @@ import (
 	"context"
 	"errors"
 	"os"
-	"path/filepath"
 	"sync"
 	"testing"
 
 	"github.com/sandbox-broker/sandbox-broker/services/migrate"
+	"github.com/sandbox-broker/sandbox-broker/services/statedb/statedbtest"
 )
 
-// TestConcurrentOpensMigrateOnce: handles opening a fresh file at once (as
-// the broker's packages do at start, or two brokers on one root) apply
-// each step exactly once; the steps fail if run twice.
+// TestConcurrentOpensMigrateOnce: handles opening a fresh store at once (as
+// the broker's packages do at start, or two brokers on one root or one
+// DATABASE_URL) apply each step exactly once; the steps fail if run twice.
 func TestConcurrentOpensMigrateOnce(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "state.db")
+	statedbtest.Run(t, testConcurrentOpensMigrateOnce)
+}
+
+func testConcurrentOpensMigrateOnce(t *testing.T, st statedbtest.Store) {
+	path := st.Loc(t)
 	s := Schema{Component: "test", Steps: []string{
 		`CREATE TABLE t (a INTEGER NOT NULL)`,
 		`ALTER TABLE t ADD COLUMN b INTEGER NOT NULL DEFAULT 0`,
@@ -71,21 +75,26 @@ func TestConcurrentOpensMigrateOnce(t *testing.T) {
 	if len(got) != 2 || got["test"] != 3 || got["other"] != 1 {
 		t.Fatalf("schema_versions = %v", got)
 	}
+	if st.Name != "sqlite" {
+		return
+	}
 	if fi, err := os.Stat(path); err != nil || fi.Mode().Perm() != 0o600 {
 		t.Fatalf("state.db mode: %v, %v", fi, err)
 	}
 }
 
-// A state.db a newer broker migrated further is refused, not used.
+// A store a newer broker migrated further is refused, not used.
 func TestNewerSchemaRefused(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "state.db")
-	newer := Schema{Component: "test", Steps: []string{`CREATE TABLE t (a)`, `CREATE TABLE u (a)`}}
-	db, err := Open(context.Background(), path, newer)
-	if err != nil {
-		t.Fatal(err)
-	}
-	db.Close()
-	if _, err := Open(context.Background(), path, Schema{Component: "test", Steps: newer.Steps[:1]}); !errors.Is(err, migrate.ErrTooNew) {
-		t.Fatalf("older broker on a newer state.db: %v", err)
-	}
+	statedbtest.Run(t, func(t *testing.T, st statedbtest.Store) {
+		path := st.Loc(t)
+		newer := Schema{Component: "test", Steps: []string{`CREATE TABLE t (a INTEGER)`, `CREATE TABLE u (a INTEGER)`}}
+		db, err := Open(context.Background(), path, newer)
+		if err != nil {
+			t.Fatal(err)
+		}
+		db.Close()
+		if _, err := Open(context.Background(), path, Schema{Component: "test", Steps: newer.Steps[:1]}); !errors.Is(err, migrate.ErrTooNew) {
+			t.Fatalf("older broker on a newer store: %v", err)
+		}
+	})
 }

@@ -169,6 +169,10 @@ func TestUnversionedStateDBUpgrades(t *testing.T) {
 	}
 	before := dump(t, old)
 	old.Close()
+	// jobs step 2 adds the replica column, '' for rows that predate it.
+	for i, r := range before["jobs"] {
+		before["jobs"][i] = strings.TrimSuffix(r, "]") + " ]"
+	}
 
 	var closers []func() error
 	q, err := quota.Open(ctx, path, nil)
@@ -227,7 +231,7 @@ func TestUnversionedStateDBUpgrades(t *testing.T) {
 		_ = rows.Scan(&v)
 		versions = append(versions, v)
 	}
-	want := "jobs=1 oauth=1 projects=1 quota=2 sessions=1 uids=1 upgrade_test=1"
+	want := "jobs=2 oauth=1 projects=1 quota=2 sessions=1 uids=1 upgrade_test=1"
 	if got := strings.Join(versions, " "); got != want {
 		t.Fatalf("schema versions %q, want %q", got, want)
 	}

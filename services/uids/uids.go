@@ -33,8 +33,9 @@ CREATE TABLE IF NOT EXISTS sandbox_uid_cursor (
 `}}
 
 // firstFree is the lowest free uid in [?1, ?2): ?1 itself, or one past a
-// leased uid whose successor is free.
-const firstFree = `SELECT ?1 WHERE ?1 < ?2 AND NOT EXISTS (SELECT 1 FROM sandbox_uids WHERE uid = ?1)
+// leased uid whose successor is free. The CAST types ?1 for PostgreSQL,
+// which cannot infer a bare parameter's type in a select list.
+const firstFree = `SELECT CAST(?1 AS BIGINT) WHERE ?1 < ?2 AND NOT EXISTS (SELECT 1 FROM sandbox_uids WHERE uid = ?1)
 	UNION ALL
 	SELECT uid + 1 FROM sandbox_uids t WHERE uid >= ?1 AND uid + 1 < ?2
 		AND NOT EXISTS (SELECT 1 FROM sandbox_uids WHERE uid = t.uid + 1)

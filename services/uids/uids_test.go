@@ -8,6 +8,8 @@ import (
 	"testing"
 
 	"github.com/sandbox-broker/sandbox-broker/services/brokererr"
+
+	"github.com/sandbox-broker/sandbox-broker/services/statedb/statedbtest"
 )
 
 func open(t *testing.T, path string, first, size int) *Allocator {
@@ -31,8 +33,10 @@ func lease(t *testing.T, a *Allocator, owner string) int {
 
 // No two live owners ever hold the same uid, however many lease at once
 // through two allocators (two brokers) on one file.
-func TestConcurrentLeasesAreDistinct(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "state.db")
+func TestConcurrentLeasesAreDistinct(t *testing.T) { eachStore(t, testConcurrentLeasesAreDistinct) }
+
+func testConcurrentLeasesAreDistinct(t *testing.T, dbPath func(testing.TB) string) {
+	path := dbPath(t)
 	as := []*Allocator{open(t, path, 5000, 1000), open(t, path, 5000, 1000)}
 	const n = 200
 	got := make([]int, n)
@@ -74,9 +78,11 @@ func TestConcurrentLeasesAreDistinct(t *testing.T) {
 
 // A freed uid is the last to come back; a full range refuses clearly and
 // recovers when a uid is freed.
-func TestRotationAndExhaustion(t *testing.T) {
+func TestRotationAndExhaustion(t *testing.T) { eachStore(t, testRotationAndExhaustion) }
+
+func testRotationAndExhaustion(t *testing.T, dbPath func(testing.TB) string) {
 	ctx := context.Background()
-	a := open(t, filepath.Join(t.TempDir(), "state.db"), 100, 3)
+	a := open(t, dbPath(t), 100, 3)
 	first := lease(t, a, "a")
 	if first < 100 || first > 102 {
 		t.Fatalf("first uid %d outside 100..102", first)
@@ -121,9 +127,11 @@ func TestNewDatabasesStartAtRandomPoints(t *testing.T) {
 
 // A warm container's pool key hands its uid to the workspace that claims
 // it, freeing the workspace's old one; pool keys are freed by prefix.
-func TestMoveAndFreePrefix(t *testing.T) {
+func TestMoveAndFreePrefix(t *testing.T) { eachStore(t, testMoveAndFreePrefix) }
+
+func testMoveAndFreePrefix(t *testing.T, dbPath func(testing.TB) string) {
 	ctx := context.Background()
-	a := open(t, filepath.Join(t.TempDir(), "state.db"), 100, 10)
+	a := open(t, dbPath(t), 100, 10)
 	p1, p2 := lease(t, a, "pool:/r:1"), lease(t, a, "pool:/r:2")
 	old := lease(t, a, "ws")
 	other := lease(t, a, "pool:/other:1")
@@ -150,8 +158,10 @@ func TestMoveAndFreePrefix(t *testing.T) {
 }
 
 // A uid leased under an older range is replaced by one in the current range.
-func TestRangeChange(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "state.db")
+func TestRangeChange(t *testing.T) { eachStore(t, testRangeChange) }
+
+func testRangeChange(t *testing.T, dbPath func(testing.TB) string) {
+	path := dbPath(t)
 	if u := lease(t, open(t, path, 100, 10), "ws"); u < 100 || u >= 110 {
 		t.Fatalf("got %d", u)
 	}
@@ -163,4 +173,10 @@ func TestRangeChange(t *testing.T) {
 			t.Errorf("range %d+%d accepted", r[0], r[1])
 		}
 	}
+}
+
+// eachStore runs fn once per store (a state.db file, a PostgreSQL
+// database), handing it that store's location maker.
+func eachStore(t *testing.T, fn func(t *testing.T, loc func(testing.TB) string)) {
+	statedbtest.Run(t, func(t *testing.T, st statedbtest.Store) { fn(t, st.Loc) })
 }

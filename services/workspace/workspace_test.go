@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -456,7 +457,7 @@ func TestParentSwapRace(t *testing.T) {
 	mustSymlink(t, outside, link)
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
-	var swaps int
+	var swaps atomic.Int64
 	wg.Add(1)
 	go func() { // the "sandbox": RENAME_EXCHANGE flips sub between dir and link atomically
 		defer wg.Done()
@@ -470,11 +471,14 @@ func TestParentSwapRace(t *testing.T) {
 				t.Errorf("exchange: %v", err)
 				return
 			}
-			swaps++
+			swaps.Add(1)
 		}
 	}()
-	var okN int
-	for i := range 300 {
+	// At least 300 writes, and on until the swapper has raced them 100
+	// times (a quiet machine finishes 300 writes before it is scheduled
+	// much); bounded all the same.
+	var okN, i int
+	for ; (i < 300 || swaps.Load() < 100) && i < 100_000; i++ {
 		err := w.Write(fmt.Sprintf("sub/f%d", i), []byte("x"), i%2 == 0)
 		if err == nil {
 			okN++
@@ -490,11 +494,11 @@ func TestParentSwapRace(t *testing.T) {
 	}
 	close(stop)
 	wg.Wait()
-	if swaps < 100 {
-		t.Fatalf("only %d swaps", swaps)
+	if swaps.Load() < 100 {
+		t.Fatalf("only %d swaps in %d writes", swaps.Load(), i)
 	}
 	assertEmpty(t, outside)
-	t.Logf("%d swaps; %d/300 writes landed inside, the rest were refused", swaps, okN)
+	t.Logf("%d swaps; %d/%d writes landed inside, the rest were refused", swaps.Load(), okN, i)
 }
 
 // TestWorkspaceDirSwap: replacing the workspace directory itself by a

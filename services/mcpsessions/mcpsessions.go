@@ -1,0 +1,158 @@
+// Package mcpsessions keeps MCP Streamable HTTP session IDs and the
+// principal each belongs to in the shared state store, so any broker
+// replica can serve any session: a client may reach a different replica on
+// every request. A session ID is useless to anyone but its owner, is
+// forgotten once idle past the TTL, and a principal holds at most
+// PerPrincipal of them (its own least recently used goes first).
+package mcpsessions
+
+import (
+	"context"
+	"crypto/rand"
+	"database/sql"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/sandbox-broker/sandbox-broker/services/statedb"
+)
+
+const (
+	// IdleTTL is how long an unused session stays valid.
+	IdleTTL = time.Hour
+	// PerPrincipal caps one principal's sessions.
+	PerPrincipal = 100
+	// touchEvery limits last-seen writes to one a minute per session.
+	touchEvery = time.Minute
+	// opTimeout bounds each store operation.
+	opTimeout = 5 * time.Second
+	// idPrefix starts every ID.
+	idPrefix = "mcp-session-"
+)
+
+var schema = statedb.Schema{Component: "mcp_sessions", Steps: []string{`
+CREATE TABLE IF NOT EXISTS mcp_sessions (
+	id         TEXT    PRIMARY KEY,
+	principal  TEXT    NOT NULL, -- '' until the initialize response binds it
+	last_seen  INTEGER NOT NULL, -- unix ms
+	terminated INTEGER NOT NULL DEFAULT 0
+);
+CREATE INDEX IF NOT EXISTS mcp_sessions_principal ON mcp_sessions (principal, last_seen);
+CREATE INDEX IF NOT EXISTS mcp_sessions_last_seen ON mcp_sessions (last_seen)`}}
+
+// ErrNotFound is an ID that is unknown, idle past the TTL, or not the
+// caller's.
+var ErrNotFound = errors.New("session not found")
+
+// Store is the session table. It is safe for concurrent use.
+type Store struct {
+	db  *sql.DB
+	now func() time.Time
+}
+
+// Open opens the store at loc (a state.db path or a DATABASE_URL); now
+// may be nil.
+func Open(ctx context.Context, loc string, now func() time.Time) (*Store, error) {
+	if now == nil {
+		now = time.Now
+	}
+	db, err := statedb.Open(ctx, loc, schema)
+	if err != nil {
+		return nil, fmt.Errorf("mcp sessions: %w", err)
+	}
+	return &Store{db: db, now: now}, nil
+}
+
+// Close closes the store.
+func (s *Store) Close() error { return s.db.Close() }
+
+// Generate returns a new 128-bit random session ID, live and unowned.
+func (s *Store) Generate() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	id := idPrefix + hex.EncodeToString(b[:])
+	ctx, cancel := context.WithTimeout(context.Background(), opTimeout)
+	defer cancel()
+	// A failed insert leaves an ID that Validate rejects: the client's
+	// next request gets 404 and initializes again.
+	_, _ = s.db.ExecContext(ctx, `INSERT INTO mcp_sessions (id, principal, last_seen) VALUES (?, '', ?)`, id, s.now().UnixMilli())
+	return id
+}
+
+// Validate reports whether id was terminated; an unknown or expired id is
+// an error (the MCP transport answers 404). The broker calls Touch on the
+// same request first, which answers for the store being unreachable;
+// Validate then lets the request through rather than have the transport
+// tell the client its session is gone.
+func (s *Store) Validate(id string) (bool, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), opTimeout)
+	defer cancel()
+	var terminated int
+	err := s.db.QueryRowContext(ctx, `SELECT terminated FROM mcp_sessions WHERE id = ? AND last_seen >= ?`,
+		id, s.now().Add(-IdleTTL).UnixMilli()).Scan(&terminated)
+	if errors.Is(err, sql.ErrNoRows) {
+		return false, ErrNotFound
+	}
+	return terminated != 0, nil
+}
+
+// Terminate ends a live session.
+func (s *Store) Terminate(id string) (bool, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), opTimeout)
+	defer cancel()
+	_, err := s.db.ExecContext(ctx, `UPDATE mcp_sessions SET terminated = 1 WHERE id = ?`, id)
+	return false, statedb.Classify(err)
+}
+
+// Bind makes principal the owner of the just-generated id, dropping the
+// principal's least recently used sessions beyond PerPrincipal.
+func (s *Store) Bind(ctx context.Context, id, principal string) error {
+	ctx, cancel := context.WithTimeout(ctx, opTimeout)
+	defer cancel()
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return statedb.Classify(err)
+	}
+	defer tx.Rollback()
+	if _, err := tx.ExecContext(ctx, `UPDATE mcp_sessions SET principal = ?, last_seen = ? WHERE id = ? AND principal = ''`,
+		principal, s.now().UnixMilli(), id); err != nil {
+		return statedb.Classify(err)
+	}
+	if _, err := tx.ExecContext(ctx, `DELETE FROM mcp_sessions WHERE principal = ?1 AND id NOT IN
+		(SELECT id FROM mcp_sessions WHERE principal = ?1 ORDER BY last_seen DESC, id LIMIT ?2)`, principal, PerPrincipal); err != nil {
+		return statedb.Classify(err)
+	}
+	return statedb.Classify(tx.Commit())
+}
+
+// Touch checks that id is principal's live session and refreshes it.
+func (s *Store) Touch(ctx context.Context, id, principal string) error {
+	ctx, cancel := context.WithTimeout(ctx, opTimeout)
+	defer cancel()
+	now := s.now()
+	var seen int64
+	err := s.db.QueryRowContext(ctx, `SELECT last_seen FROM mcp_sessions WHERE id = ? AND principal = ? AND terminated = 0 AND last_seen >= ?`,
+		id, principal, now.Add(-IdleTTL).UnixMilli()).Scan(&seen)
+	if errors.Is(err, sql.ErrNoRows) {
+		return ErrNotFound
+	}
+	if err != nil {
+		return statedb.Classify(err)
+	}
+	if now.UnixMilli()-seen >= touchEvery.Milliseconds() {
+		_, err = s.db.ExecContext(ctx, `UPDATE mcp_sessions SET last_seen = ? WHERE id = ?`, now.UnixMilli(), id)
+	}
+	return statedb.Classify(err)
+}
+
+// Prune forgets sessions idle past the TTL (the leading replica calls it
+// periodically).
+func (s *Store) Prune(ctx context.Context) {
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	_, _ = s.db.ExecContext(ctx, `DELETE FROM mcp_sessions WHERE last_seen < ?`, s.now().Add(-IdleTTL).UnixMilli())
+}
+
+// Ping checks the store.
+func (s *Store) Ping(ctx context.Context) error { return s.db.PingContext(ctx) }
