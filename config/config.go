@@ -61,8 +61,9 @@ type Config struct {
 	// Backend "auto" picks docker when its daemon answers, else process;
 	// "codesandbox" runs sessions in hosted VMs (CSB_API_KEY,
 	// CSB_RUNNER_TEMPLATE), falling back to docker per call when
-	// SANDBOX_FALLBACK=docker and CodeSandbox cannot be reached.
-	Backend        string `env:"SANDBOX_BACKEND" validate:"oneof=auto docker process codesandbox none"`
+	// SANDBOX_FALLBACK=docker and CodeSandbox cannot be reached;
+	// "kubernetes" runs them as pods (SANDBOX_K8S_*).
+	Backend        string `env:"SANDBOX_BACKEND" validate:"oneof=auto docker process codesandbox kubernetes none"`
 	Fallback       string `env:"SANDBOX_FALLBACK" validate:"oneof=none docker"`
 	Runtime        string `env:"SANDBOX_RUNTIME" validate:"omitempty,oneof=runc runsc"`
 	RootOverlay    string `env:"SANDBOX_ROOT_OVERLAY" validate:"oneof=auto off"` // see services/rootfs
@@ -96,6 +97,22 @@ type Config struct {
 	MaxContainers  int   `env:"SANDBOX_MAX_CONTAINERS" validate:"min=1,max=10000"`
 	EgressMaxConns int   `env:"EGRESS_MAX_CONNS" validate:"min=1,max=10000"`
 	EgressMaxMB    int64 `env:"EGRESS_MAX_MB" validate:"min=1,max=1048576"`
+	// Kubernetes backend (services/kube): sessions as pods in K8sNamespace,
+	// reached over mutual TLS with certificates from a CA derived from
+	// K8sCASecret (generated under SANDBOX_ROOT when unset).
+	Kubeconfig         string `env:"KUBECONFIG" validate:"omitempty,filepath"`
+	K8sNamespace       string `env:"SANDBOX_K8S_NAMESPACE" validate:"max=63,hostname_rfc1123"`
+	K8sRunners         string `env:"SANDBOX_K8S_RUNNERS" validate:"max=4096"`
+	K8sAgentImage      string `env:"SANDBOX_K8S_AGENT_IMAGE" validate:"max=512,printascii,excludesall= "`
+	K8sPullPolicy      string `env:"SANDBOX_K8S_IMAGE_PULL_POLICY" validate:"oneof=Always IfNotPresent Never"`
+	K8sRuntimeClass    string `env:"SANDBOX_K8S_RUNTIME_CLASS" validate:"omitempty,max=63,hostname_rfc1123"`
+	K8sSeccomp         string `env:"SANDBOX_K8S_SECCOMP" validate:"max=512,printascii"`
+	K8sUID             int64  `env:"SANDBOX_K8S_UID" validate:"min=1,max=2147483647"`
+	K8sBrokerLabels    string `env:"SANDBOX_K8S_BROKER_LABELS" validate:"max=1024,printascii"`
+	K8sBrokerNamespace string `env:"SANDBOX_K8S_BROKER_NAMESPACE" validate:"omitempty,max=63,hostname_rfc1123"`
+	K8sBrokerCIDR      string `env:"SANDBOX_K8S_BROKER_CIDR" validate:"omitempty,cidr"`
+	K8sWarmPoolPrefix  string `env:"SANDBOX_K8S_WARM_POOL_PREFIX" validate:"max=200,printascii"`
+	K8sCASecret        Secret `env:"SANDBOX_K8S_CA_SECRET" validate:"omitempty,min=32,max=512"`
 	// Hosted project sandboxes; without CSB_API_KEY projects run locally.
 	CSBAPIKey Secret `env:"CSB_API_KEY" validate:"omitempty,min=8,max=512,printascii"`
 	CSBAPIURL string `env:"CSB_API_URL" validate:"omitempty,http_url"`
@@ -188,8 +205,17 @@ func Defaults() Config {
 		MaxContainers:   12,
 		EgressMaxConns:  32,
 		EgressMaxMB:     256,
-		GitHubAPIURL:    "https://api.github.com/",
-		BuildWaitS:      50,
+		K8sNamespace:    "sandboxes",
+		K8sRunners:      "python=sandbox-broker/runner-python:latest,typescript=sandbox-broker/runner-typescript:latest,javascript=sandbox-broker/runner-typescript:latest,bash=sandbox-broker/runner-bash:latest",
+		K8sAgentImage:   "sandbox-broker:latest",
+		K8sPullPolicy:   "IfNotPresent",
+		K8sSeccomp:      "RuntimeDefault",
+		K8sUID:          65532,
+		K8sBrokerLabels: "app.kubernetes.io/name=sandbox-broker",
+
+		K8sWarmPoolPrefix: "sandbox-broker-",
+		GitHubAPIURL:      "https://api.github.com/",
+		BuildWaitS:        50,
 
 		AnthropicAPIURL:   "https://api.anthropic.com",
 		AgentModels:       []string{"claude-sonnet-4-5", "claude-haiku-4-5"},
@@ -213,7 +239,7 @@ func Defaults() Config {
 // SecretValues lists every configured secret, for the redactor.
 func (c Config) SecretValues() []string {
 	return []string{c.APIToken.Reveal(), c.FileSecret.Reveal(), c.FileSecretPrev.Reveal(), c.AuditHMACKey.Reveal(), c.CSBAPIKey.Reveal(),
-		c.AnthropicAPIKey.Reveal(), c.DatabaseURL.Reveal()}
+		c.AnthropicAPIKey.Reveal(), c.DatabaseURL.Reveal(), c.K8sCASecret.Reveal()}
 }
 
 // StatePath is where the shared state lives: DATABASE_URL, or state.db

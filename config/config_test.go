@@ -55,6 +55,9 @@ func TestEnvParsing(t *testing.T) {
 		"MCP_READ_ONLY":            "true",
 		"MCP_MAX_REQUEST_BYTES":    "4096",
 		"SANDBOX_BACKEND":          "none",
+		"SANDBOX_K8S_CA_SECRET":    "k8s-ca-secret-0123456789abcdef0123456789",
+		"SANDBOX_K8S_NAMESPACE":    "sbx-ns",
+		"SANDBOX_K8S_BROKER_CIDR":  "10.1.0.0/16",
 		"SANDBOX_TIMEOUT":          "30",
 		"SANDBOX_IDLE_TIMEOUT_MS":  "60000",
 		"SANDBOX_POOL_SIZE":        "0",
@@ -111,8 +114,11 @@ func TestEnvParsing(t *testing.T) {
 		OAuthAccessTTLS: 600, OAuthRefreshTTLS: 30 * 24 * 3600, OAuthKeyMaxAgeS: 30 * 24 * 3600,
 		AnthropicAPIKey: "sk-ant-test-0123456789", AnthropicAPIURL: "http://127.0.0.1:9", AgentModels: []string{"m-big", "m-small"},
 		AgentSmallModel: "m-small", AgentTimeoutS: 120, AgentMaxTurns: 50, AgentMemoryMB: 4096, AgentCPUsMilli: 2000, AgentMaxRequestMB: 8,
-		AgentTiers: `{"free":{"network":"none"}}`,
-		Console:    "off",
+		AgentTiers:   `{"free":{"network":"none"}}`,
+		Console:      "off",
+		K8sNamespace: "sbx-ns", K8sRunners: Defaults().K8sRunners, K8sAgentImage: "sandbox-broker:latest", K8sPullPolicy: "IfNotPresent",
+		K8sSeccomp: "RuntimeDefault", K8sUID: 65532, K8sBrokerLabels: "app.kubernetes.io/name=sandbox-broker", K8sBrokerCIDR: "10.1.0.0/16",
+		K8sWarmPoolPrefix: "sandbox-broker-", K8sCASecret: "k8s-ca-secret-0123456789abcdef0123456789",
 	}
 	if !reflect.DeepEqual(c, want) {
 		t.Errorf("got  %#v\nwant %#v", c, want)
@@ -120,7 +126,7 @@ func TestEnvParsing(t *testing.T) {
 	if c.IsLoopback() {
 		t.Error("0.0.0.0 is not loopback")
 	}
-	if got := c.SecretValues(); !reflect.DeepEqual(got, []string{apiToken, fileSecret, fileSecret + "-old", hmacKey, "csb_v1_0123456789", "sk-ant-test-0123456789", ""}) {
+	if got := c.SecretValues(); !reflect.DeepEqual(got, []string{apiToken, fileSecret, fileSecret + "-old", hmacKey, "csb_v1_0123456789", "sk-ant-test-0123456789", "", "k8s-ca-secret-0123456789abcdef0123456789"}) {
 		t.Errorf("SecretValues = %v", got)
 	}
 }

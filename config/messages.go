@@ -57,6 +57,10 @@ func describeRule(c Config, field reflect.StructField, fe validator.FieldError) 
 		return "must be off, or host:port with a port from 0 to 65535 and an IP address, DNS name or nothing as host (e.g. 127.0.0.1:8081)"
 	case "hostname_rfc1123|ip":
 		return "must be a DNS host name or an IP address"
+	case "hostname_rfc1123":
+		return "must be a DNS name (lower-case letters, digits, '-' and '.')"
+	case "cidr":
+		return "must be an address block such as 10.0.0.0/8"
 	case "toolset":
 		return "must be one of: " + strings.Join(toolsetNames(), ", ")
 	case "model_name":

@@ -90,6 +90,10 @@ func badValues(t *testing.T, c Config, f reflect.StructField) []badValue {
 			out = append(out, badValue{"bad model!", []string{"model name", "1 to 64 characters"}})
 		case "excludesall":
 			out = append(out, badValue{"a" + param + "b", []string{"must not contain"}})
+		case "hostname_rfc1123":
+			out = append(out, badValue{"bad_name!", []string{"DNS name"}})
+		case "cidr":
+			out = append(out, badValue{"10.0.0.1", []string{"address block"}})
 		case "required", "omitempty":
 		default:
 			t.Errorf("%s: no bad value for rule %q: teach badValues", f.Tag.Get("env"), rule)

@@ -27,6 +27,7 @@ const usage = `usage:
   sandbox-broker runners seal --dir generation --language lang --image name [--image-id id] [--built-by how] [--env K=V ...]
   sandbox-broker version
   sandbox-broker agent [--socket path] [--language lang]   (runs inside sandbox containers)
+  sandbox-broker seccomp-profile [--runtime runc|runsc]   (the sandboxes' seccomp profile, for Kubernetes nodes)
 `
 
 func main() {
@@ -63,6 +64,8 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer, getenv func(s
 		return agentCmd(ctx, args[1:], stdin, stdout, stderr)
 	case "docs":
 		return docsCmd(args[1:], stdout, stderr)
+	case "seccomp-profile":
+		return seccompCmd(args[1:], stdout, stderr)
 	case "runners":
 		return runnersCmd(args[1:], stdout, stderr, getenv)
 	case "init":

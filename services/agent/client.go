@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"iter"
+	"net"
 	"slices"
 	"strings"
 	"time"
@@ -26,13 +27,28 @@ var ErrNotReached = errors.New("agent: not reached")
 // it covers the agent's kill, sweep and output drain.
 const ClientMargin = 10 * time.Second
 
+// Dialer connects to an agent: its Unix socket (SocketDialer), or a pod's
+// mutual-TLS port. An error from it means nothing was sent.
+type Dialer func(ctx context.Context) (net.Conn, error)
+
+// SocketDialer dials the agent's Unix socket at path (see DialSocket).
+func SocketDialer(path string) Dialer {
+	return func(ctx context.Context) (net.Conn, error) { return DialSocket(ctx, path) }
+}
+
 // Run sends req to the agent listening on socketPath and returns its
+// Response (RunVia through SocketDialer).
+func Run(ctx context.Context, socketPath string, req Request) (Response, error) {
+	return RunVia(ctx, SocketDialer(socketPath), req)
+}
+
+// RunVia sends req to the agent dial reaches and returns its
 // Response. The call is bounded by ctx and by the request's timeout (or
 // DefaultTimeoutMS) plus ClientMargin; the answer is read through a
 // MaxResponseBytes limit and decoded strictly (unknown fields, trailing
 // data or an oversized answer are errors). A Response with Error set is
 // returned with a nil error: the agent answered, but could not run the code.
-func Run(ctx context.Context, socketPath string, req Request) (Response, error) {
+func RunVia(ctx context.Context, dial Dialer, req Request) (Response, error) {
 	timeout := time.Duration(req.TimeoutMS) * time.Millisecond
 	if req.TimeoutMS <= 0 {
 		timeout = DefaultTimeoutMS * time.Millisecond
@@ -46,7 +62,7 @@ func Run(ctx context.Context, socketPath string, req Request) (Response, error) 
 	}
 	dctx, cancel := context.WithDeadline(ctx, deadline)
 	defer cancel()
-	c, err := DialSocket(dctx, socketPath)
+	c, err := dial(dctx)
 	if err != nil {
 		return Response{}, fmt.Errorf("%w: %w", ErrNotReached, err)
 	}

@@ -8,15 +8,19 @@ import (
 	"time"
 )
 
-// egressDialTimeout bounds the connect to the broker's egress socket.
+// egressDialTimeout bounds the connect to the broker's egress socket, or
+// the wait for one of its tunnels.
 const egressDialTimeout = 10 * time.Second
 
 // egressForwarder gives a job its network path: a loopback TCP listener
-// whose connections are copied byte for byte to and from the broker's Unix
-// socket. The sandbox has no other interface than lo.
+// whose connections are copied byte for byte to and from the broker: its
+// Unix socket, or in pod mode a tunnel the broker opened (tunnel.go). The
+// sandbox has no other interface than lo (in pod mode, none other it may
+// use: the network policy refuses the pod all egress).
 type egressForwarder struct {
-	ln   net.Listener
-	sock string
+	ln      net.Listener
+	dial    func() (net.Conn, error) // the broker's end
+	onClose func()                   // after close, if set
 
 	mu     sync.Mutex
 	conns  map[net.Conn]struct{}
@@ -25,11 +29,15 @@ type egressForwarder struct {
 }
 
 func startEgress(sock string) (*egressForwarder, error) {
+	return startForwarder(func() (net.Conn, error) { return net.DialTimeout("unix", sock, egressDialTimeout) })
+}
+
+func startForwarder(dial func() (net.Conn, error)) (*egressForwarder, error) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, &jobErr{JobErrInternal, "egress listener: " + err.Error()}
 	}
-	f := &egressForwarder{ln: ln, sock: sock, conns: map[net.Conn]struct{}{}}
+	f := &egressForwarder{ln: ln, dial: dial, conns: map[net.Conn]struct{}{}}
 	f.wg.Add(1)
 	go f.serve()
 	return f, nil
@@ -83,7 +91,7 @@ func (f *egressForwarder) untrack(c net.Conn) {
 }
 
 func (f *egressForwarder) forward(c net.Conn) {
-	up, err := net.DialTimeout("unix", f.sock, egressDialTimeout)
+	up, err := f.dial()
 	if err != nil {
 		return
 	}
@@ -121,5 +129,8 @@ func (f *egressForwarder) close() {
 	}
 	f.mu.Unlock()
 	f.ln.Close()
+	if f.onClose != nil {
+		f.onClose()
+	}
 	f.wg.Wait()
 }

@@ -98,8 +98,8 @@ func (s *Server) serveJob(ctx context.Context, c net.Conn, br *bufio.Reader, req
 		return
 	}
 	var fwd *egressForwarder
-	if req.EgressSocket != "" {
-		if fwd, err = startEgress(req.EgressSocket); err != nil {
+	if req.EgressSocket != "" || req.EgressTunnel != "" {
+		if fwd, err = s.startJobEgress(req); err != nil {
 			refuse(err)
 			return
 		}
@@ -153,10 +153,15 @@ func (s *Server) checkJob(req JobRequest) (time.Duration, string, []string, erro
 		}
 		env = append(env, kv)
 	}
-	if req.EgressSocket != "" {
+	switch {
+	case req.EgressSocket != "" && req.EgressTunnel != "":
+		return 0, "", nil, invalidJob("egress_socket and egress_tunnel exclude each other")
+	case req.EgressSocket != "":
 		if err := s.checkEgressSocket(req.EgressSocket); err != nil {
 			return 0, "", nil, err
 		}
+	case req.EgressTunnel != "" && (s.opts.Pod == nil || !sandbox.ValidID(req.EgressTunnel)):
+		return 0, "", nil, invalidJob("egress_tunnel needs pod mode and a 16-hex token")
 	}
 	return timeout, dir, env, nil
 }
@@ -198,6 +203,25 @@ func (s *Server) jobDir(p string) (string, error) {
 		return "", invalidJob("work_dir is not a directory")
 	}
 	return r, nil
+}
+
+// startJobEgress starts the job's forwarder to the broker's egress socket
+// or, in pod mode, to its tunnels; closing it ends the tunnels too.
+func (s *Server) startJobEgress(req JobRequest) (*egressForwarder, error) {
+	if req.EgressSocket != "" {
+		return startEgress(req.EgressSocket)
+	}
+	dial, closeTunnels, ok := s.tunnels.open(req.EgressTunnel)
+	if !ok {
+		return nil, invalidJob("egress_tunnel is in use")
+	}
+	f, err := startForwarder(dial)
+	if err != nil {
+		closeTunnels()
+		return nil, err
+	}
+	f.onClose = closeTunnels
+	return f, nil
 }
 
 // checkEgressSocket accepts only a socket directly in the agent's own

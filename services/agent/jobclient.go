@@ -13,6 +13,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/sandbox-broker/sandbox-broker/services/brokererr"
 	"github.com/sandbox-broker/sandbox-broker/services/sandbox"
 )
 
@@ -37,6 +38,11 @@ func (e *JobError) Error() string { return "agent: job refused: " + e.Message }
 // connection breaks or the agent misbehaves, the job is given up (the agent
 // kills it when the connection closes) and Exit().Err says why.
 func StartJob(ctx context.Context, socketPath string, req JobRequest, sink sandbox.JobSink) (sandbox.Job, error) {
+	return StartJobVia(ctx, SocketDialer(socketPath), req, sink)
+}
+
+// StartJobVia is StartJob on the agent dial reaches.
+func StartJobVia(ctx context.Context, dial Dialer, req JobRequest, sink sandbox.JobSink) (sandbox.Job, error) {
 	if sink == nil {
 		sink = func(string, []byte) {}
 	}
@@ -63,7 +69,7 @@ func StartJob(ctx context.Context, socketPath string, req JobRequest, sink sandb
 	}
 	dctx, cancel := context.WithDeadline(ctx, startDeadline)
 	defer cancel()
-	c, err := DialSocket(dctx, socketPath)
+	c, err := dial(dctx)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrNotReached, err)
 	}
@@ -400,3 +406,22 @@ func (j *clientJob) Exit() sandbox.JobExit {
 
 // PID is the job's process ID inside the sandbox (informational).
 func (j *clientJob) PID() int { return j.pid }
+
+// JobStartError maps a failure to start a job (StartJob) to a structured
+// error: the agent's refusal by its kind, anything else UNAVAILABLE.
+func JobStartError(ctx context.Context, err error) error {
+	var je *JobError
+	if errors.As(err, &je) {
+		switch je.Kind {
+		case JobErrInvalid:
+			return brokererr.New(brokererr.InvalidInput, "the sandbox refused the execution: %s", je.Message)
+		case JobErrLimit:
+			return brokererr.New(brokererr.QuotaExceeded, "the sandbox runs its maximum of %d executions; wait for one to finish", MaxJobs).WithRetryAfter(time.Second)
+		}
+		return brokererr.New(brokererr.Unavailable, "the sandbox could not start the execution: %s", je.Message)
+	}
+	if ctx.Err() != nil {
+		return brokererr.Wrap(ctx.Err(), brokererr.Unavailable, "the call was cancelled")
+	}
+	return brokererr.Wrap(err, brokererr.Unavailable, "the sandbox did not start the execution")
+}

@@ -205,6 +205,9 @@ type JobRequest struct {
 	// directly in the agent's socket directory; the agent forwards a
 	// loopback TCP port to it and points the job's proxy variables there.
 	EgressSocket string `json:"egress_socket,omitempty"`
+	// EgressTunnel, in pod mode, is a token (sandbox.NewID) naming the egress
+	// tunnels the broker opens for this job (tunnel.go) instead of a socket.
+	EgressTunnel string `json:"egress_tunnel,omitempty"`
 }
 
 // OpJob is the "op" of a job request's first line.

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -40,9 +41,16 @@ func DefaultCommands() map[string]Command {
 
 // Options configures Serve.
 type Options struct {
-	// Socket is the unix socket path to listen on (required). A stale
-	// socket file is replaced; the socket is chmod 0600.
+	// Socket is the unix socket path to listen on (required unless
+	// Listener is set). A stale socket file is replaced; the socket is
+	// chmod 0600.
 	Socket string
+	// Listener, in pod mode, replaces Socket: Pod's mutual-TLS listener
+	// (pod.go), whose clients are authenticated by their certificate.
+	Listener net.Listener
+	// Pod is the agent's TLS identity in pod mode; it also enables the
+	// pod-mode operations (podops.go).
+	Pod *PodTLS
 	// Language is the sandbox's language: the default for requests with
 	// an empty Language, and "python" starts the zygote.
 	Language string
@@ -125,6 +133,8 @@ type Server struct {
 
 	jobsMu sync.Mutex
 	nJobs  int // live jobs, at most MaxJobs
+
+	tunnels tunnelTable // pod mode: parked egress tunnels by job
 }
 
 // Serve listens on opts.Socket and answers requests until ctx is done.
@@ -132,7 +142,7 @@ type Server struct {
 // waits for it, for at most its own timeout, and is then answered with
 // Error "busy". Ping requests never wait.
 func Serve(ctx context.Context, opts Options) error {
-	if opts.Socket == "" {
+	if opts.Socket == "" && opts.Listener == nil {
 		return errors.New("agent: no socket path")
 	}
 	s, err := newServer(opts)
@@ -141,14 +151,16 @@ func Serve(ctx context.Context, opts Options) error {
 	}
 	reserveThreads(spareThreads)
 	defaultIgnoredSignals()
-	_ = os.Remove(opts.Socket)
-	ln, err := net.Listen("unix", opts.Socket)
-	if err != nil {
-		return fmt.Errorf("agent: listen: %w", err)
-	}
-	if err := os.Chmod(opts.Socket, 0o600); err != nil {
-		ln.Close()
-		return fmt.Errorf("agent: chmod socket: %w", err)
+	ln := opts.Listener
+	if ln == nil {
+		_ = os.Remove(opts.Socket)
+		if ln, err = net.Listen("unix", opts.Socket); err != nil {
+			return fmt.Errorf("agent: listen: %w", err)
+		}
+		if err := os.Chmod(opts.Socket, 0o600); err != nil {
+			ln.Close()
+			return fmt.Errorf("agent: chmod socket: %w", err)
+		}
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -210,7 +222,9 @@ func Serve(ctx context.Context, opts Options) error {
 		s.node.shutdown()
 	}
 	s.nb.shutdown() // no run is left to use it
-	_ = os.Remove(opts.Socket)
+	if opts.Listener == nil {
+		_ = os.Remove(opts.Socket)
+	}
 	return acceptErr
 }
 
@@ -297,7 +311,16 @@ const requestReadTimeout = 30 * time.Second
 
 func (s *Server) handle(ctx context.Context, c net.Conn) {
 	defer c.Close()
-	if s.mode == SweepContainer && !s.opts.AllowLocalPeers {
+	if tc, ok := c.(*tls.Conn); ok {
+		// Mutual TLS (pod mode) authenticates the client: a failed
+		// handshake ends the connection.
+		hctx, cancel := context.WithTimeout(ctx, requestReadTimeout)
+		err := tc.HandshakeContext(hctx)
+		cancel()
+		if err != nil {
+			return
+		}
+	} else if s.mode == SweepContainer && !s.opts.AllowLocalPeers {
 		if err := peerAllowed(c); err != nil {
 			b, _ := json.Marshal(Response{ExitCode: -1, Error: err.Error()})
 			_ = c.SetWriteDeadline(time.Now().Add(time.Second))
@@ -308,7 +331,11 @@ func (s *Server) handle(ctx context.Context, c net.Conn) {
 	_ = c.SetReadDeadline(time.Now().Add(requestReadTimeout))
 	// The reader outlives the first line: a job's frames follow it.
 	br := bufio.NewReaderSize(c, 64<<10)
-	resp, job := s.serveConn(ctx, br)
+	resp, job, op := s.serveConn(ctx, br)
+	if op != nil {
+		op(ctx, c, br)
+		return
+	}
 	if job != nil {
 		_ = c.SetReadDeadline(time.Time{})
 		s.serveJob(ctx, c, br, *job)
@@ -324,36 +351,39 @@ func (s *Server) handle(ctx context.Context, c net.Conn) {
 }
 
 // serveConn reads the first line and answers a run; for a job request it
-// returns the request instead.
-func (s *Server) serveConn(ctx context.Context, br *bufio.Reader) (resp Response, job *JobRequest) {
+// returns the request instead, and for a pod-mode operation its handler.
+func (s *Server) serveConn(ctx context.Context, br *bufio.Reader) (resp Response, job *JobRequest, op func(context.Context, net.Conn, *bufio.Reader)) {
 	defer func() {
 		if r := recover(); r != nil {
 			s.logf("panic: %v", r)
-			resp, job = Response{ExitCode: -1, Error: fmt.Sprintf("internal error: %v", r)}, nil
+			resp, job, op = Response{ExitCode: -1, Error: fmt.Sprintf("internal error: %v", r)}, nil, nil
 		}
 	}()
 	line, err := readLine(br, MaxRequestBytes)
 	if err != nil {
-		return Response{ExitCode: -1, Error: err.Error()}, nil
+		return Response{ExitCode: -1, Error: err.Error()}, nil, nil
+	}
+	if op := s.podOp(line); op != nil {
+		return Response{}, nil, op
 	}
 	req, jreq, err := parseFirstLine(line)
 	if err != nil {
-		return Response{ExitCode: -1, Error: err.Error()}, nil
+		return Response{ExitCode: -1, Error: err.Error()}, nil, nil
 	}
 	if jreq != nil {
-		return Response{}, jreq
+		return Response{}, jreq, nil
 	}
 	if req.Language == PingLanguage {
 		if req.Warm {
 			s.noteActive()
 			s.warm()
 		}
-		return Response{Zygote: s.zyg != nil && s.zyg.isReady(), Warm: s.isWarm()}, nil
+		return Response{Zygote: s.zyg != nil && s.zyg.isReady(), Warm: s.isWarm()}, nil, nil
 	}
 	if req.Warm {
-		return Response{ExitCode: -1, Error: "bad request: warm is for pings only"}, nil
+		return Response{ExitCode: -1, Error: "bad request: warm is for pings only"}, nil, nil
 	}
-	return s.run(ctx, req), nil
+	return s.run(ctx, req), nil, nil
 }
 
 // readRequest reads one run request line of at most MaxRequestBytes and

@@ -201,6 +201,13 @@ func (b *Broker) every(interval time.Duration, fn func(context.Context)) {
 // falls back to the process sandbox when no daemon answers, so a fresh
 // machine works out of the box. dockerOK says Docker is the backend.
 func (b *Broker) openBackend(ctx context.Context, cfg config.Config, agentBin string) (sandbox.Backend, bool, error) {
+	if cfg.Backend == "kubernetes" {
+		eng, err := b.openKube(ctx, cfg)
+		if err != nil {
+			return nil, false, err
+		}
+		return eng, false, nil
+	}
 	if cfg.Backend == "codesandbox" {
 		return b.openHosted(ctx, cfg, agentBin)
 	}

@@ -107,7 +107,7 @@ func (s *Session) startJobLocked(ctx context.Context, spec sandbox.JobSpec, req 
 		if errors.Is(err, agent.ErrNotReached) {
 			s.dropLocked(c)
 		}
-		return nil, jobStartError(ctx, err)
+		return nil, agent.JobStartError(ctx, err)
 	}
 	started, keepW = true, true
 
@@ -137,24 +137,6 @@ func (s *Session) startJobLocked(ctx context.Context, spec sandbox.JobSpec, req 
 
 // agentStartJob is a variable for tests, like agentRun.
 var agentStartJob = agent.StartJob
-
-// jobStartError maps the agent's refusal to a structured error.
-func jobStartError(ctx context.Context, err error) error {
-	var je *agent.JobError
-	if errors.As(err, &je) {
-		switch je.Kind {
-		case agent.JobErrInvalid:
-			return brokererr.New(brokererr.InvalidInput, "the sandbox refused the execution: %s", je.Message)
-		case agent.JobErrLimit:
-			return brokererr.New(brokererr.QuotaExceeded, "the sandbox runs its maximum of %d executions; wait for one to finish", agent.MaxJobs).WithRetryAfter(time.Second)
-		}
-		return brokererr.New(brokererr.Unavailable, "the sandbox could not start the execution: %s", je.Message)
-	}
-	if ctx.Err() != nil {
-		return brokererr.Wrap(ctx.Err(), brokererr.Unavailable, "the call was cancelled")
-	}
-	return brokererr.Wrap(err, brokererr.Unavailable, "the sandbox did not start the execution")
-}
 
 // jobContainerLocked returns the session's container of lang (default:
 // the first of agent.JobLanguageOrder with a runner image), starting it if needed.

@@ -111,19 +111,26 @@ func validKID(s string) bool {
 // secretFile is where LoadOrCreateSecret keeps the master, under dir.
 const secretFile = "keys/file_secret"
 
-// LoadOrCreateSecret returns the master secret kept in <dir>/keys/file_secret,
-// creating it (32 bytes from crypto/rand, mode 0600, directory 0700) if it
-// does not exist. Used when FILE_SECRET is not set. An existing file must be
-// a regular file (not a symlink), not readable or writable by group or
-// others, and hold at least MinMasterBytes bytes. Concurrent callers agree
-// on one secret: the file appears complete or not at all (link(2) of a
-// fully written temporary file).
+// LoadOrCreateSecret returns the signed links' master secret (see
+// LoadOrCreateKey), kept in <dir>/keys/file_secret.
 func LoadOrCreateSecret(dir string) ([]byte, error) {
+	return LoadOrCreateKey(dir, filepath.Base(secretFile))
+}
+
+// LoadOrCreateKey returns the secret kept in <dir>/keys/<key>, creating it
+// (32 bytes from crypto/rand, mode 0600, directory 0700) if it does not
+// exist: a secret the operator did not set (FILE_SECRET,
+// SANDBOX_K8S_CA_SECRET). An existing file must be a regular file (not a
+// symlink), not readable or writable by group or others, and hold at least
+// MinMasterBytes bytes. Concurrent callers agree on one secret: the file
+// appears complete or not at all (link(2) of a fully written temporary
+// file).
+func LoadOrCreateKey(dir, key string) ([]byte, error) {
 	kdir := filepath.Join(dir, filepath.Dir(secretFile))
 	if err := os.MkdirAll(kdir, 0o700); err != nil {
 		return nil, fmt.Errorf("files: creating key directory: %w", err)
 	}
-	name := filepath.Join(dir, secretFile)
+	name := filepath.Join(kdir, key)
 	if b, err := readSecret(name); err == nil || !errors.Is(err, fs.ErrNotExist) {
 		return b, err
 	}
@@ -131,7 +138,7 @@ func LoadOrCreateSecret(dir string) ([]byte, error) {
 	if _, err := rand.Read(secret); err != nil {
 		return nil, fmt.Errorf("files: generating secret: %w", err)
 	}
-	tmp, err := os.CreateTemp(kdir, ".file_secret-*")
+	tmp, err := os.CreateTemp(kdir, "."+key+"-*")
 	if err != nil {
 		return nil, fmt.Errorf("files: writing secret: %w", err)
 	}
