@@ -370,6 +370,9 @@ func (p *Pitcher) shutdown(why error) {
 		p.pending = map[int]*pendingCall{}
 		p.shells = map[string]*shellRun{}
 		p.mu.Unlock()
+		// Done first: a caller woken below with ErrPitcherClosed that asks
+		// for a connection again must find this one ended.
+		close(p.done)
 		for _, pc := range pend {
 			close(pc.ch)
 		}
@@ -380,7 +383,6 @@ func (p *Pitcher) shutdown(why error) {
 		for _, s := range shells {
 			s.fail(lost)
 		}
-		close(p.done)
 	})
 }
 

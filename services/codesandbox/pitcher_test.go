@@ -453,3 +453,38 @@ func TestPitcherURLSchemes(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// A call the connection's end fails has Done closed by the time it
+// returns: a caller that sees ErrPitcherClosed and asks for a connection
+// again must not be handed the same dead one (a hosted session's run right
+// after its VM hibernated failed that way).
+func TestPitcherDoneBeforeCallsFail(t *testing.T) {
+	f := newFake(t)
+	for i := range 20 {
+		sr := startVM(t, f, UniversalTemplate)
+		p := dial(t, sr, nil)
+		f.SetLatency(0, time.Minute) // the call below stays pending
+		errc := make(chan error, 1)
+		go func() { errc <- p.Call(ctx(t), "port/list", nil, nil) }()
+		await(t, f, "the call to be pending", func() bool { return p.pendingCalls() == 1 })
+		if !f.HibernateVM(sr.ID) {
+			t.Fatal("HibernateVM")
+		}
+		err := <-errc
+		if !errors.Is(err, ErrPitcherClosed) {
+			t.Fatalf("call under hibernation: %v", err)
+		}
+		select {
+		case <-p.Done():
+		default:
+			t.Fatalf("try %d: the call failed with %v while Done was still open", i, err)
+		}
+		f.SetLatency(0, 0)
+	}
+}
+
+func (p *Pitcher) pendingCalls() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.pending)
+}

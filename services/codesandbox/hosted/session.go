@@ -88,6 +88,7 @@ func (s *Session) prepare(ctx context.Context, notes *[]string, mk func(ws strin
 		}
 		if attempt == 0 && errors.Is(err, codesandbox.ErrPitcherClosed) && ctx.Err() == nil {
 			*notes = (*notes)[:0]
+			s.v.drop(conn)
 			continue
 		}
 		w.Close()

@@ -50,6 +50,20 @@ func (v *vm) disconnect() {
 	}
 }
 
+// drop closes conn if it is still the VM's connection: one a call just
+// found ended, which Done may not show yet.
+func (v *vm) drop(conn *codesandbox.Pitcher) {
+	v.mu.Lock()
+	mine := v.conn == conn
+	if mine {
+		v.conn = nil
+	}
+	v.mu.Unlock()
+	if mine {
+		_ = conn.Close()
+	}
+}
+
 // unknown marks the VM's workspace as maybe not matching the host.
 func (v *vm) unknown() {
 	v.syncMu.Lock()
