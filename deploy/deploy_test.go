@@ -4,12 +4,11 @@ package deploy
 
 import (
 	"encoding/json"
-	"io/fs"
 	"os"
-	"path/filepath"
 	"regexp"
-	"strings"
 	"testing"
+
+	"github.com/sandbox-broker/sandbox-broker/tests/srcscan"
 )
 
 var (
@@ -21,26 +20,7 @@ var (
 // TestDashboardAndRulesUseExportedSeries: every sandbox_* series the
 // dashboard and the alert rules query is one the broker's code defines.
 func TestDashboardAndRulesUseExportedSeries(t *testing.T) {
-	names := map[string]bool{}
-	err := filepath.WalkDir("..", func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		if d.IsDir() && (d.Name() == "node_modules" || d.Name() == "testdata" || strings.HasPrefix(d.Name(), ".")) && p != ".." {
-			return filepath.SkipDir
-		}
-		if d.IsDir() || !strings.HasSuffix(p, ".go") || strings.HasSuffix(p, "_test.go") {
-			return nil
-		}
-		b, err := os.ReadFile(p)
-		if err != nil {
-			return err
-		}
-		for _, m := range defined.FindAllStringSubmatch(string(b), -1) {
-			names[m[1]] = true
-		}
-		return nil
-	})
+	names, err := srcscan.Submatches("..", defined)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -64,7 +44,7 @@ func TestDashboardAndRulesUseExportedSeries(t *testing.T) {
 	for file, text := range map[string]string{"dashboard": string(dash), "alerts": string(rules)} {
 		for _, ref := range referenced.FindAllString(text, -1) {
 			name := suffix.ReplaceAllString(ref, "")
-			if !names[name] && !names[ref] {
+			if names[name] == "" && names[ref] == "" {
 				t.Errorf("%s uses %s, which the broker does not export", file, ref)
 			}
 		}

@@ -2,14 +2,12 @@ package logging
 
 import (
 	"bytes"
-	"io/fs"
-	"os"
-	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
 
 	"github.com/sandbox-broker/sandbox-broker/middleware/redact"
+	"github.com/sandbox-broker/sandbox-broker/tests/srcscan"
 )
 
 // eventName finds zerolog event names in Go source: .Msg("name").
@@ -21,26 +19,7 @@ var eventName = regexp.MustCompile(`\.Msgf?\("([a-z0-9_]+)"`)
 // what happened (csb_session_connected once did).
 func TestEventNamesSurviveRedaction(t *testing.T) {
 	r := redact.New([]string{"configured-secret-0123456789"}, []string{"/srv/sandbox-broker"})
-	names := map[string]string{}
-	err := filepath.WalkDir("../..", func(path string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		if d.IsDir() && (d.Name() == "node_modules" || d.Name() == "testdata" || strings.HasPrefix(d.Name(), ".")) && path != "../.." {
-			return filepath.SkipDir
-		}
-		if d.IsDir() || !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go") {
-			return nil
-		}
-		src, err := os.ReadFile(path)
-		if err != nil {
-			return err
-		}
-		for _, m := range eventName.FindAllSubmatch(src, -1) {
-			names[string(m[1])] = path
-		}
-		return nil
-	})
+	names, err := srcscan.Submatches("../..", eventName)
 	if err != nil {
 		t.Fatal(err)
 	}
