@@ -87,6 +87,9 @@ type Fault struct {
 	// Delay holds the request this long (or until the client gives up)
 	// before answering.
 	Delay time.Duration
+	// release and held: see HoldNext.
+	release <-chan struct{}
+	held    chan struct{}
 }
 
 // Limits are the workspace's budgets.
@@ -262,6 +265,17 @@ func (s *Server) Inject(f Fault) {
 		f.Budget = "vms"
 	}
 	s.faults = append(s.faults, &f)
+}
+
+// HoldNext holds the next request to method and path (either "" for any)
+// until release is called, then answers it as usual; held is closed once
+// that request is being held. Tests order requests across clients with
+// it.
+func (s *Server) HoldNext(method, path string) (held <-chan struct{}, release func()) {
+	rel, h := make(chan struct{}), make(chan struct{})
+	s.Inject(Fault{N: 1, Method: method, Path: path, release: rel, held: h})
+	var once sync.Once
+	return h, func() { once.Do(func() { close(rel) }) }
 }
 
 // ClearFaults drops every pending fault.
@@ -593,6 +607,16 @@ func (s *Server) fault(w http.ResponseWriter, r *http.Request) bool {
 		case <-t.C:
 		case <-r.Context().Done():
 			t.Stop()
+			return true
+		}
+	}
+	if f.release != nil {
+		close(f.held)
+		select {
+		case <-f.release:
+		case <-r.Context().Done():
+			return true
+		case <-s.ctx.Done():
 			return true
 		}
 	}

@@ -398,6 +398,40 @@ func TestDelayHonoursClientCancel(t *testing.T) {
 	}
 }
 
+// TestHoldNext: the held request is answered, as usual, only once
+// released; others pass meanwhile.
+func TestHoldNext(t *testing.T) {
+	s := New(t, key)
+	held, release := s.HoldNext("GET", "/meta/info")
+	defer release()
+	answered := make(chan *http.Response, 1)
+	go func() {
+		req, _ := http.NewRequest("GET", s.URL()+"/meta/info", nil)
+		req.Header.Set("Authorization", bearer())
+		resp, _ := http.DefaultClient.Do(req)
+		answered <- resp
+	}()
+	select {
+	case <-held:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the request was not held")
+	}
+	if code, _, _, _ := do(t, s, "GET", "/meta/info", bearer(), ""); code != http.StatusOK {
+		t.Fatalf("the next request: %d", code)
+	}
+	select {
+	case <-answered:
+		t.Fatal("the held request was answered before its release")
+	default:
+	}
+	release()
+	resp := <-answered
+	if resp == nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("the held request after its release: %+v", resp)
+	}
+	resp.Body.Close()
+}
+
 // ---- Pitcher ----
 
 type agent struct {

@@ -82,6 +82,7 @@ type Backend struct {
 	o   Options
 	db  *store
 	log zerolog.Logger
+	now func() time.Time // the clock of last uses (a test's in tests)
 
 	mu     sync.Mutex
 	vms    map[string]*vm // by workspace ID; kept across idle release
@@ -133,7 +134,7 @@ func New(ctx context.Context, o Options) (*Backend, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Backend{c: c, o: o, db: db, log: o.Log.With().Str("component", "csb_sessions").Logger(), vms: map[string]*vm{}}, nil
+	return &Backend{c: c, o: o, db: db, log: o.Log.With().Str("component", "csb_sessions").Logger(), now: time.Now, vms: map[string]*vm{}}, nil
 }
 
 // Name implements sandbox.Backend.

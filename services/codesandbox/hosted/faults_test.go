@@ -39,9 +39,7 @@ func TestFaultsBeforeTheRun(t *testing.T) {
 	}
 	run(t, s, "bash", "echo one > a.txt")
 	id := s.v.id()
-	if err := s.Release(cx); err != nil {
-		t.Fatal(err)
-	}
+	e.idleRelease(s)
 	// Resuming is idempotent: 5xx are retried.
 	e.fake.ResetRequests()
 	e.fake.Inject(csbfake.Fault{Status: http.StatusBadGateway, N: 2, Path: "/vm/" + id + "/start"})
@@ -52,9 +50,7 @@ func TestFaultsBeforeTheRun(t *testing.T) {
 		t.Fatalf("%d starts, want 3", n)
 	}
 	// No VM may start (the workspace's concurrent-VM budget): retryable later.
-	if err := s.Release(cx); err != nil {
-		t.Fatal(err)
-	}
+	e.idleRelease(s)
 	e.fake.Inject(csbfake.Fault{Status: http.StatusTooManyRequests, N: 10, Path: "/vm/" + id + "/start"})
 	_, err = s.Exec(cx, sandbox.ExecRequest{Language: "bash", Code: "true"})
 	if be := wantCode(t, err, brokererr.RateLimitExceeded); !be.Retryable || be.RetryAfter <= 0 || !sandbox.IsNotStarted(err) {

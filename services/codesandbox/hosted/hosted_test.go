@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -36,6 +37,25 @@ type env struct {
 	fake *csbfake.Server
 	b    *Backend
 	root string
+	clk  *clock
+}
+
+// clock is the backends' clock of last uses: it moves when a test says.
+type clock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func (c *clock) now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t
+}
+
+func (c *clock) pass(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.t = c.t.Add(d)
 }
 
 // newEnv is a backend on a fake whose VMs run commands for real.
@@ -54,12 +74,38 @@ func newEnv(t testing.TB, mod func(*Options), fakeOpts ...csbfake.Option) *env {
 	if mod != nil {
 		mod(&o)
 	}
+	e := &env{t: t, fake: fake, root: root, clk: &clock{t: time.UnixMilli(time.Now().UnixMilli())}}
+	e.b = e.newBackend(o)
+	return e
+}
+
+func (e *env) newBackend(o Options) *Backend {
+	e.t.Helper()
 	b, err := New(context.Background(), o)
 	if err != nil {
-		t.Fatal(err)
+		e.t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = b.Close(context.Background()) })
-	return &env{t: t, fake: fake, b: b, root: root}
+	b.now = e.clk.now
+	e.t.Cleanup(func() { _ = b.Close(context.Background()) })
+	return b
+}
+
+// replica is a second broker replica: another backend on the same store,
+// root, CodeSandbox and clock.
+func (e *env) replica() *env {
+	r := *e
+	r.b = e.newBackend(e.b.o)
+	return &r
+}
+
+// idleRelease releases s as the session manager does once s has been
+// idle for the idle timeout.
+func (e *env) idleRelease(s *Session) {
+	e.t.Helper()
+	e.clk.pass(e.b.o.IdleTimeout)
+	if err := s.Release(ctx(e.t)); err != nil {
+		e.t.Fatal(err)
+	}
 }
 
 // vmID is the VM of workspace wid.
@@ -276,9 +322,7 @@ func TestHibernateAndResume(t *testing.T) {
 	s := e.open(wid1, "alice")
 	run(t, s, "bash", "echo one > a.txt")
 	id := s.v.id()
-	if err := s.Release(ctx(t)); err != nil {
-		t.Fatal(err)
-	}
+	e.idleRelease(s)
 	if st, _ := e.fake.Sandbox(id); st.Running {
 		t.Fatal("released session's VM still running")
 	}
@@ -340,12 +384,7 @@ func TestSessionIsItsPrincipals(t *testing.T) {
 // naming another principal is refused, as Open refuses it.
 func TestReplicaJoinsTheSessionVM(t *testing.T) {
 	e := newEnv(t, nil)
-	b2, err := New(ctx(t), e.b.o)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b2.Close(ctx(t))
-	replica := &env{t: t, fake: e.fake, b: b2, root: e.root}
+	replica := e.replica()
 	early, mallory := e.open(wid1, "alice"), e.open(wid2, "mallory")
 	run(t, replica.open(wid1, "alice"), "bash", "echo kept > f")
 	run(t, replica.open(wid2, "bob"), "bash", "true")
@@ -361,7 +400,7 @@ func TestReplicaJoinsTheSessionVM(t *testing.T) {
 	if early.v.id() != replica.vmID(wid1) || forks != 2 {
 		t.Fatalf("VMs %s and %s, %d forks for two sessions", early.v.id(), replica.vmID(wid1), forks)
 	}
-	_, err = mallory.Exec(ctx(t), sandbox.ExecRequest{Language: "bash", Code: "true"})
+	_, err := mallory.Exec(ctx(t), sandbox.ExecRequest{Language: "bash", Code: "true"})
 	wantCode(t, err, brokererr.SandboxNotFound)
 	if _, sb, _ := e.b.db.get(ctx(t), wid2); sb != replica.vmID(wid2) {
 		t.Fatalf("bob's row names %q after the refusal, want %s", sb, replica.vmID(wid2))

@@ -50,6 +50,7 @@ type job struct {
 	frames      chan frame
 	stop        chan struct{} // closed once run reads no more frames
 	started     chan error    // the helper's S (nil) or its refusal
+	inUse       func()        // ends the job's use of the VM (idle.go)
 
 	inMu   sync.Mutex // one control line at a time, in order
 	ended  bool
@@ -84,6 +85,7 @@ func (s *Session) StartJob(ctx context.Context, spec0 sandbox.JobSpec, sink sand
 	}
 	timeout = min(timeout, agent.MaxTimeoutMS*time.Millisecond)
 
+	inUse := s.use()
 	var notes []string
 	id := newID()
 	conn, w, err := s.prepare(ctx, &notes, func(ws string) spec {
@@ -94,6 +96,7 @@ func (s *Session) StartJob(ctx context.Context, spec0 sandbox.JobSpec, sink sand
 		}
 	})
 	if err != nil {
+		inUse()
 		return nil, err
 	}
 	w.Close()
@@ -103,6 +106,7 @@ func (s *Session) StartJob(ctx context.Context, spec0 sandbox.JobSpec, sink sand
 	j := &job{
 		s: s, id: id, conn: conn, interactive: spec0.Interactive, timeout: timeout, start: time.Now(),
 		frames: make(chan frame, 256), stop: make(chan struct{}), started: make(chan error, 1), done: make(chan struct{}),
+		inUse: inUse,
 	}
 	var fr frameReader
 	// From here the job may run: it is never started again.
@@ -115,6 +119,7 @@ func (s *Session) StartJob(ctx context.Context, spec0 sandbox.JobSpec, sink sand
 		})
 	})
 	if err != nil {
+		inUse()
 		s.v.unknown()
 		return nil, brokererr.Wrap(codesandbox.AgentError(err), brokererr.Unavailable,
 			"the hosted VM did not confirm the execution's start; it was not started again").NotRetryable()
@@ -217,6 +222,7 @@ loop:
 		}
 	}
 	signalStart(brokererr.New(brokererr.Unavailable, "the hosted VM's helper ended before starting the execution").NotRetryable())
+	j.inUse()
 	j.inMu.Lock()
 	j.ended = true
 	j.exit = x

@@ -79,6 +79,7 @@ func (s *Session) prepare(ctx context.Context, notes *[]string, mk func(ws strin
 			w.Close()
 			return nil, nil, err
 		}
+		s.markUse() // the VM may have been joined or forked just now
 		err = s.push(ctx, conn, w, notes)
 		if err == nil {
 			err = writeSpec(ctx, conn, mk(s.v.ws))
@@ -125,6 +126,7 @@ func (s *Session) Exec(ctx context.Context, req sandbox.ExecRequest) (sandbox.Ex
 	}
 	s.v.runMu.Lock()
 	defer s.v.runMu.Unlock()
+	defer s.use()()
 
 	var notes []string
 	id := newID()
@@ -377,21 +379,6 @@ func (s *Session) checkLive() error {
 	if s.v.destroyed {
 		return brokererr.New(brokererr.SandboxNotFound, "the session's sandbox was destroyed")
 	}
-	return nil
-}
-
-// Release implements sandbox.Session: the idle session's VM hibernates
-// (memory and disk kept; the next run resumes it).
-func (s *Session) Release(ctx context.Context) error {
-	s.v.disconnect()
-	id := s.v.id()
-	if id == "" {
-		return nil
-	}
-	if err := s.b.c.Hibernate(ctx, id); err != nil && brokererr.CodeOf(err) != brokererr.SandboxNotFound {
-		return err
-	}
-	s.b.log.Info().Str("sandbox_id", id).Msg("codesandbox_session_vm_hibernated")
 	return nil
 }
 

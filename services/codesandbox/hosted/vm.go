@@ -32,6 +32,10 @@ type vm struct {
 	// template's workspace) is made the host's.
 	known, fresh bool
 	base         map[string]workspace.FileStamp
+
+	markMu   sync.Mutex // the last use recorded in the store (idle.go)
+	markedID string
+	markedAt time.Time
 }
 
 func (v *vm) id() string {
@@ -133,10 +137,17 @@ func (s *Session) connect(ctx context.Context) (*codesandbox.Pitcher, string, er
 			// The VM was deleted behind the broker's back: the host
 			// workspace is the truth, so a new VM takes its place.
 			s.b.log.Warn().Str("workspace_id", s.ref.WorkspaceID).Str("sandbox_id", v.id()).Msg("codesandbox_session_vm_gone")
-			if err := s.b.db.remove(ctx, s.ref.WorkspaceID); err != nil {
+			if err := s.b.db.removeVM(ctx, s.ref.WorkspaceID, v.id()); err != nil {
 				return nil, "", brokererr.Wrap(err, brokererr.Unavailable, "session store unavailable")
 			}
-			v.sandboxID.Store("")
+			// Another replica may have put a new VM in its place: join
+			// it, reconciling its workspace with the host's.
+			id, err := s.b.sessionVM(ctx, s.ref)
+			if err != nil {
+				return nil, "", err
+			}
+			v.sandboxID.Store(id)
+			v.unknown()
 			continue
 		}
 		if err != nil {
@@ -180,15 +191,14 @@ func (s *Session) startVM(ctx context.Context) (*codesandbox.StartResponse, erro
 	}
 	// A crash from here to the row leaves a tagged VM no row names: the
 	// sweep deletes it.
-	if err := s.b.db.put(ctx, s.ref.WorkspaceID, s.ref.Principal, fr.ID); err != nil {
-		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)
-		defer cancel()
-		if derr := s.b.destroyVM(cctx, fr.ID); derr != nil {
-			s.b.log.Error().Str("sandbox_id", fr.ID).Msg("codesandbox_session_cleanup_failed")
-		}
-		return nil, brokererr.Wrap(err, brokererr.Unavailable, "session store unavailable")
+	id, err := s.own(ctx, fr.ID)
+	if err != nil {
+		return nil, err
 	}
-	v.sandboxID.Store(fr.ID)
+	v.sandboxID.Store(id)
+	if id != fr.ID {
+		return s.b.c.Start(ctx, id, so)
+	}
 	v.forked()
 	s.b.log.Info().Str("sandbox_id", fr.ID).Str("workspace_id", s.ref.WorkspaceID).
 		Int64("duration_ms", time.Since(t0).Milliseconds()).Msg("codesandbox_session_vm_created")
@@ -196,6 +206,33 @@ func (s *Session) startVM(ctx context.Context) (*codesandbox.StartResponse, erro
 		return fr.StartResponse, nil
 	}
 	return s.b.c.Start(ctx, fr.ID, so)
+}
+
+// own records the new VM forked as the session's, and returns it; or,
+// when another replica forked one at the same time and recorded it first,
+// deletes forked and returns that replica's VM, which the call joins.
+func (s *Session) own(ctx context.Context, forked string) (string, error) {
+	perr := s.b.db.put(ctx, s.ref.WorkspaceID, s.ref.Principal, forked, s.b.now())
+	if perr == nil {
+		return forked, nil
+	}
+	winner, err := s.b.sessionVM(ctx, s.ref)
+	if err == nil && winner == forked {
+		return forked, nil // the insert took effect after all
+	}
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)
+	defer cancel()
+	if derr := s.b.destroyVM(cctx, forked); derr != nil {
+		s.b.log.Error().Str("sandbox_id", forked).Msg("codesandbox_session_cleanup_failed")
+	}
+	switch {
+	case err != nil:
+		return "", err
+	case winner == "":
+		return "", brokererr.Wrap(perr, brokererr.Unavailable, "session store unavailable")
+	}
+	s.b.log.Info().Str("sandbox_id", winner).Str("workspace_id", s.ref.WorkspaceID).Msg("codesandbox_session_vm_joined")
+	return winner, nil
 }
 
 // installHelper writes the helper into the VM (its name is its content's
