@@ -213,3 +213,23 @@ func TestReplicaJoinsTheReplacementVM(t *testing.T) {
 		t.Fatalf("the row names %q, want %s", sb, b.v.id())
 	}
 }
+
+// TestDestroyOnAReplicaThatNeverRan: replica A opened the session, replica
+// B forked its VM and ran in it; closing the session on A deletes B's VM
+// at once (not only at the next orphan sweep) and its row.
+func TestDestroyOnAReplicaThatNeverRan(t *testing.T) {
+	e := newEnv(t, nil)
+	r := e.replica()
+	a, b := e.open(wid1, "alice"), r.open(wid1, "alice")
+	run(t, b, "bash", "true")
+	id := r.vmID(wid1)
+	if err := a.Destroy(ctx(t)); err != nil {
+		t.Fatal(err)
+	}
+	if sb, ok := e.fake.Sandbox(id); !ok || !sb.Deleted {
+		t.Fatalf("B's VM %s after A destroyed the session: %+v", id, sb)
+	}
+	if _, vm, _ := e.b.db.get(ctx(t), wid1); vm != "" {
+		t.Fatalf("the row still names %q", vm)
+	}
+}

@@ -392,6 +392,17 @@ func (s *Session) Destroy(ctx context.Context) error {
 	if conn != nil {
 		_ = conn.Close()
 	}
+	if s.v.id() == "" {
+		// Another replica may have forked the session's VM: it goes too.
+		id, err := s.b.sessionVM(ctx, s.ref)
+		if err != nil {
+			s.v.mu.Lock()
+			s.v.destroyed = false
+			s.v.mu.Unlock()
+			return err
+		}
+		s.v.sandboxID.Store(id)
+	}
 	if id := s.v.id(); id != "" {
 		if err := s.b.destroyVM(ctx, id); err != nil {
 			s.v.mu.Lock()
