@@ -11,7 +11,6 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -512,8 +511,7 @@ func testRestartKeepsWorkspaceAndSweepsOrphans(t *testing.T, rt string) {
 		t.Fatal("no containers before the crash")
 	}
 	// Crash: no clean shutdown, containers are orphaned.
-	_ = b.cmd.Process.Signal(syscall.SIGKILL)
-	<-b.done
+	b.Kill()
 	if len(containersLabelled(t, "sandbox.root="+b.Root)) == 0 {
 		t.Fatal("test premise: SIGKILL should leave orphans")
 	}

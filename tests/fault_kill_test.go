@@ -1,16 +1,13 @@
 package tests
 
 import (
-	"context"
 	"math/rand/v2"
 	"strings"
-	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
-	"github.com/mark3labs/mcp-go/mcp"
+	"github.com/mark3labs/mcp-go/client"
 )
 
 // TestSIGKILLDuringAuditAppends kills the broker with SIGKILL at a random
@@ -27,39 +24,18 @@ func TestSIGKILLDuringAuditAppends(t *testing.T) {
 	for round := range rounds {
 		b := StartHTTP(t, BrokerOpts{Root: root, Token: testToken, Env: env})
 		var ok atomic.Int64
-		stop := make(chan struct{})
-		var wg sync.WaitGroup
+		var clientsOf []*client.Client
 		for range clients {
-			c := b.Client(t, testToken)
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for {
-					select {
-					case <-stop:
-						return
-					default:
-					}
-					ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-					var req mcp.CallToolRequest
-					req.Params.Name = "get_usage"
-					res, err := c.CallTool(ctx, req)
-					cancel()
-					if err == nil && !res.IsError {
-						ok.Add(1)
-					}
-				}
-			}()
+			clientsOf = append(clientsOf, b.Client(t, testToken))
 		}
+		stop := callLoop(clientsOf, succeeded(&ok))
 		// At least a few hundred rows, so kills land around checkpoints
 		// (every 256 rows) as well as between them.
 		target := int64(50 + rng.IntN(400))
 		eventually(t, 60*time.Second, "calls under way", func() bool { return ok.Load() >= target })
 		time.Sleep(time.Duration(rng.IntN(2000)) * time.Microsecond)
-		_ = b.cmd.Process.Signal(syscall.SIGKILL)
-		<-b.done
-		close(stop)
-		wg.Wait()
+		b.Kill()
+		stop()
 		t.Logf("round %d: killed after %d calls", round, ok.Load())
 		if code, out := verifyCLI(t, root); code != 0 || !strings.HasPrefix(out, "OK") {
 			t.Fatalf("round %d: audit verify after SIGKILL: exit %d: %s", round, code, out)

@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -206,6 +207,47 @@ func (b *Broker) Stop(t testing.TB) {
 		_ = b.cmd.Process.Kill()
 		<-b.done
 		t.Errorf("broker did not stop on SIGTERM")
+	}
+}
+
+// Kill ends the broker with SIGKILL (no shutdown of its own) and waits.
+func (b *Broker) Kill() {
+	_ = b.cmd.Process.Signal(syscall.SIGKILL)
+	<-b.done
+}
+
+// callLoop keeps every client calling get_usage, one call at a time each,
+// handing each outcome to seen (from several goroutines at once) until
+// the returned stop, which waits for the calls under way.
+func callLoop(clients []*client.Client, seen func(*mcp.CallToolResult, error)) (stop func()) {
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	for _, c := range clients {
+		wg.Go(func() {
+			for {
+				select {
+				case <-done:
+					return
+				default:
+				}
+				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+				var req mcp.CallToolRequest
+				req.Params.Name = "get_usage"
+				res, err := c.CallTool(ctx, req)
+				cancel()
+				seen(res, err)
+			}
+		})
+	}
+	return func() { close(done); wg.Wait() }
+}
+
+// succeeded is a callLoop outcome handler counting the calls that worked.
+func succeeded(n *atomic.Int64) func(*mcp.CallToolResult, error) {
+	return func(res *mcp.CallToolResult, err error) {
+		if err == nil && !res.IsError {
+			n.Add(1)
+		}
 	}
 }
 

@@ -4,7 +4,6 @@ import (
 	"os"
 	"os/exec"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -280,8 +279,7 @@ func TestJobSurvivesBrokerRestart(t *testing.T) {
 		done := callTool(t, c, "execute_code", map[string]any{"session_id": r.SessionID, "command": "echo finished-before"})
 		var fin execResult
 		resultJSON(t, done, &fin)
-		_ = b.cmd.Process.Signal(syscall.SIGKILL)
-		<-b.done
+		b.Kill()
 		b2 := startBackend(t, backend, BrokerOpts{Root: b.Root})
 		c2 := b2.Client(t, testToken)
 		var st struct {

@@ -1,7 +1,6 @@
 package tests
 
 import (
-	"context"
 	"database/sql"
 	"encoding/json"
 	"maps"
@@ -14,7 +13,6 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
@@ -198,35 +196,16 @@ func TestReplicaKilledMidCallKeepsAuditChain(t *testing.T) {
 	root := brokerRoot(t)
 	brokers := startReplicas(t, 2, root, dbURL, map[string]string{"SANDBOX_BACKEND": "none", "RATE_LIMIT_PER_MINUTE": "100000"})
 	var ok atomic.Int64
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
+	var clients []*client.Client
 	for i := range 8 {
-		c := brokers[i%2].Client(t, testToken)
-		wg.Go(func() {
-			for {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-				var req mcp.CallToolRequest
-				req.Params.Name = "get_usage"
-				res, err := c.CallTool(ctx, req)
-				cancel()
-				if err == nil && !res.IsError {
-					ok.Add(1)
-				}
-			}
-		})
+		clients = append(clients, brokers[i%2].Client(t, testToken))
 	}
+	stop := callLoop(clients, succeeded(&ok))
 	eventually(t, 60*time.Second, "calls under way on both replicas", func() bool { return ok.Load() >= 300 })
-	_ = brokers[0].cmd.Process.Signal(syscall.SIGKILL)
-	<-brokers[0].done
+	brokers[0].Kill()
 	after := ok.Load()
 	eventually(t, 30*time.Second, "the surviving replica serving on", func() bool { return ok.Load() >= after+100 })
-	close(stop)
-	wg.Wait()
+	stop()
 	brokers[1].Stop(t)
 	if n := auditCounts(t, dbURL, "get_usage"); int64(n) < ok.Load() {
 		t.Fatalf("%d successful calls answered, %d audited", ok.Load(), n)
@@ -244,52 +223,38 @@ func TestPostgresRestartMidCall(t *testing.T) {
 	b := startReplicas(t, 1, root, dbURL, map[string]string{"SANDBOX_BACKEND": "none", "RATE_LIMIT_PER_MINUTE": "100000"})[0]
 	var ok, unavailable atomic.Int64
 	var bad sync.Map
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
+	var clients []*client.Client
 	for range 4 {
-		c := b.Client(t, testToken)
-		wg.Go(func() {
-			for {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-				var req mcp.CallToolRequest
-				req.Params.Name = "get_usage"
-				res, err := c.CallTool(ctx, req)
-				cancel()
-				switch {
-				case err != nil && strings.Contains(err.Error(), "unavailable; retry shortly"):
-					unavailable.Add(1)
-				case err != nil:
-					bad.Store(err.Error(), true)
-				case !res.IsError:
-					ok.Add(1)
-				default:
-					var e struct {
-						Error     string `json:"error"`
-						Retryable bool   `json:"retryable"`
-					}
-					_ = json.Unmarshal([]byte(res.Content[0].(mcp.TextContent).Text), &e)
-					if e.Error == "UNAVAILABLE" && e.Retryable {
-						unavailable.Add(1)
-					} else {
-						bad.Store(res.Content[0].(mcp.TextContent).Text, true)
-					}
-				}
-			}
-		})
+		clients = append(clients, b.Client(t, testToken))
 	}
+	stop := callLoop(clients, func(res *mcp.CallToolResult, err error) {
+		switch {
+		case err != nil && strings.Contains(err.Error(), "unavailable; retry shortly"):
+			unavailable.Add(1)
+		case err != nil:
+			bad.Store(err.Error(), true)
+		case !res.IsError:
+			ok.Add(1)
+		default:
+			var e struct {
+				Error     string `json:"error"`
+				Retryable bool   `json:"retryable"`
+			}
+			_ = json.Unmarshal([]byte(res.Content[0].(mcp.TextContent).Text), &e)
+			if e.Error == "UNAVAILABLE" && e.Retryable {
+				unavailable.Add(1)
+			} else {
+				bad.Store(res.Content[0].(mcp.TextContent).Text, true)
+			}
+		}
+	})
 	eventually(t, 60*time.Second, "calls under way", func() bool { return ok.Load() >= 100 })
 	if err := srv.Restart(); err != nil {
 		t.Fatal(err)
 	}
 	after := ok.Load()
 	eventually(t, 60*time.Second, "calls succeeding after the restart", func() bool { return ok.Load() >= after+100 })
-	close(stop)
-	wg.Wait()
+	stop()
 	bad.Range(func(k, _ any) bool {
 		t.Errorf("unclear failure during the restart: %v", k)
 		return true
@@ -503,8 +468,7 @@ func TestLeaderOnlyLoopsRunOnOneReplica(t *testing.T) {
 		t.Fatalf("the leader reaped %d sessions and the follower %d; want 3 and 0", l, f)
 	}
 
-	_ = brokers[lead].cmd.Process.Signal(syscall.SIGKILL)
-	<-brokers[lead].done
+	brokers[lead].Kill()
 	eventually(t, 30*time.Second, "the surviving replica taking the lead", func() bool {
 		return slices.Equal(leaderHolders(t, db), names[follower:follower+1])
 	})
