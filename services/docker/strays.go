@@ -47,11 +47,12 @@ func (e *Engine) hostSessions(c *ctr) (sessions agent.Sessions, threads map[int]
 
 // threadGroups remembers the process (thread-group ID) of each thread a
 // read saw, by thread ID and start time: a thread never changes process,
-// and (ID, start time) names one thread as in the agent's sweep (an ID is
-// reused only after the kernel has handed out every other one, never in the
-// same clock tick), so a thread seen before needs only its stat read again
-// (for its session and liveness), not its status. The status read was
-// half of each run's stray check: a runner's agent alone has ~20 threads.
+// and (ID, start time) names one thread, as in the agent's sweep (the
+// kernel hands out IDs in a cycle, so an ID comes back only after a wrap
+// through pid_max, never within one clock tick). A thread seen before
+// needs only its stat read again (for its session and liveness), not its
+// status: half the reads of each run's stray check, a runner container
+// having about 30 threads.
 type threadGroups map[threadKey]int
 
 type threadKey struct {
