@@ -453,6 +453,9 @@ type ctr struct {
 	// known is what the last stray check read (under runc; see
 	// sessionsBefore), guarded by the owning session's mu.
 	known agent.SessionCache
+	// groups is the process of each thread the last read of the host's
+	// /proc saw (see hostThread), guarded by the owning session's mu.
+	groups threadGroups
 	// warming is set while a warm-up is pending (see warmAsync); used is
 	// when a session last used it (UnixNano; 0 while pooled).
 	warming atomic.Bool

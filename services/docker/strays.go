@@ -29,8 +29,9 @@ func (e *Engine) hostSessions(c *ctr) (sessions agent.Sessions, threads map[int]
 	}
 	sessions, threads = agent.Sessions{}, map[int][]int{}
 	seen := map[int]bool{}
+	groups := make(threadGroups, len(tids))
 	for _, tid := range tids {
-		sid, pid, ok := hostThread(tid)
+		sid, pid, ok := hostThread(tid, c.groups, groups)
 		if !ok {
 			continue
 		}
@@ -40,7 +41,23 @@ func (e *Engine) hostSessions(c *ctr) (sessions agent.Sessions, threads map[int]
 			sessions[sid] = append(sessions[sid], pid)
 		}
 	}
+	c.groups = groups
 	return sessions, threads
+}
+
+// threadGroups remembers the process (thread-group ID) of each thread a
+// read saw, by thread ID and start time: a thread never changes process,
+// and (ID, start time) names one thread, as in the agent's sweep (the
+// kernel hands out IDs in a cycle, so an ID comes back only after a wrap
+// through pid_max, never within one clock tick). A thread seen before
+// needs only its stat read again (for its session and liveness), not its
+// status: half the reads of each run's stray check, a runner container
+// having about 30 threads.
+type threadGroups map[threadKey]int
+
+type threadKey struct {
+	tid   int
+	start uint64
 }
 
 // tasks lists the host thread IDs in c's pids cgroup (nil when it cannot
@@ -76,14 +93,20 @@ func readHostStat(tid int) (agent.ProcStat, bool) {
 }
 
 // hostThread reads the session and the process (thread-group ID) of the
-// host thread tid (any thread ID works in /proc, listed or not). Threads
-// that run no code again are skipped: zombies, and threads already in exit
-// (PF_EXITING), such as a run that reported its status just before its
-// teardown finished.
-func hostThread(tid int) (sid, pid int, ok bool) {
+// host thread tid (any thread ID works in /proc, listed or not), the
+// process from known when it holds the thread, and notes it in seen.
+// Threads that run no code again are skipped: zombies, and threads already
+// in exit (PF_EXITING), such as a run that reported its status just before
+// its teardown finished.
+func hostThread(tid int, known, seen threadGroups) (sid, pid int, ok bool) {
 	st, ok := readHostStat(tid)
 	if !ok {
 		return 0, 0, false
+	}
+	k := threadKey{tid, st.Start}
+	if pid, ok := known[k]; ok {
+		seen[k] = pid
+		return st.Session, pid, true
 	}
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", tid))
 	if err != nil {
@@ -92,7 +115,11 @@ func hostThread(tid int) (sid, pid int, ok bool) {
 	for line := range bytes.Lines(b) {
 		if v, found := bytes.CutPrefix(line, []byte("Tgid:")); found {
 			pid, err := strconv.Atoi(string(bytes.TrimSpace(v)))
-			return st.Session, pid, err == nil && pid > 0
+			if err != nil || pid <= 0 {
+				return 0, 0, false
+			}
+			seen[k] = pid
+			return st.Session, pid, true
 		}
 	}
 	return 0, 0, false
