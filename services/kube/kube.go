@@ -206,16 +206,7 @@ func (o Options) withDefaults() Options {
 	if o.WarmPoolPrefix == "" {
 		o.WarmPoolPrefix = defaultPoolPrefix
 	}
-	d, l := workspace.DefaultLimits(), &o.WorkspaceLimits
-	if l.MaxFiles <= 0 {
-		l.MaxFiles = d.MaxFiles
-	}
-	if l.MaxBytes <= 0 {
-		l.MaxBytes = d.MaxBytes
-	}
-	if l.MaxFileBytes <= 0 {
-		l.MaxFileBytes = d.MaxFileBytes
-	}
+	o.WorkspaceLimits = o.WorkspaceLimits.WithDefaults()
 	return o
 }
 

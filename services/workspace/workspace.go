@@ -44,8 +44,8 @@ func DefaultLimits() Limits {
 	return Limits{MaxFiles: 1000, MaxBytes: 512 << 20, MaxFileBytes: 64 << 20}
 }
 
-// withDefaults fills zero or negative fields from DefaultLimits.
-func (l Limits) withDefaults() Limits {
+// WithDefaults fills zero or negative fields from DefaultLimits.
+func (l Limits) WithDefaults() Limits {
 	d := DefaultLimits()
 	if l.MaxFiles <= 0 {
 		l.MaxFiles = d.MaxFiles
@@ -217,7 +217,7 @@ func open(dir string, l Limits, o options) (*Workspace, error) {
 	}
 	return &Workspace{
 		root:      root,
-		lim:       l.withDefaults(),
+		lim:       l.WithDefaults(),
 		uid:       o.uid,
 		gid:       o.gid,
 		chown:     o.uid >= 0 && o.gid >= 0 && os.Geteuid() == 0,

@@ -55,11 +55,7 @@ func newID() string {
 // maxEntries is the most workspace entries the helper walks: the quota's,
 // with room for the directories the quota also counts.
 func (s *Session) maxEntries() int {
-	l := s.b.o.WorkspaceLimits
-	if l.MaxFiles <= 0 {
-		l = workspace.DefaultLimits()
-	}
-	return l.MaxFiles + 1
+	return s.b.o.WorkspaceLimits.WithDefaults().MaxFiles + 1
 }
 
 // prepare is what comes before any command: the VM up, the agent joined,
