@@ -168,7 +168,7 @@ func listProcs(procRoot string) (procs []procInfo, misses int, err error) {
 		if err != nil || pid <= 0 {
 			continue
 		}
-		b, err := os.ReadFile(procRoot + "/" + n + "/stat")
+		b, err := ReadProcFile(procRoot + "/" + n + "/stat")
 		if err != nil {
 			misses++ // gone
 			continue
@@ -404,12 +404,12 @@ func sweepWith(procRoot string, sel func(procs []procInfo, self int) ([]procInfo
 	var res sweepResult
 	prev := map[procKey]bool{}
 	// pass scans once. With kill it signals new targets and reports
-	// whether the round was quiet; without, it counts signalled processes
-	// that are still alive. Zombies of ours are reaped.
-	pass := func(kill bool) (n int, quiet bool, err error) {
+	// whether the round was quiet; either way it counts the signalled
+	// processes that are still alive (live). Zombies of ours are reaped.
+	pass := func(kill bool) (n, live int, quiet bool, err error) {
 		procs, misses, err := listProcs(procRoot)
 		if err != nil {
-			return 0, false, err
+			return 0, 0, false, err
 		}
 		spawnMu.Lock()
 		defer spawnMu.Unlock()
@@ -432,15 +432,12 @@ func sweepWith(procRoot string, sel func(procs []procInfo, self int) ([]procInfo
 				}
 				continue
 			}
-			if !kill {
-				// Killed and already in exit, it runs no user code again;
-				// still wait for our own children, to reap them.
-				if signalled[k] && (p.flags&pfExiting == 0 || p.ppid == self) {
-					n++
-				}
-				continue
+			// Killed and already in exit, it runs no user code again;
+			// still wait for our own children, to reap them.
+			if signalled[k] && (p.flags&pfExiting == 0 || p.ppid == self) {
+				live++
 			}
-			if signalled[k] || exiting[k] {
+			if !kill || signalled[k] || exiting[k] {
 				continue
 			}
 			if p.flags&pfExiting != 0 {
@@ -459,16 +456,18 @@ func sweepWith(procRoot string, sel func(procs []procInfo, self int) ([]procInfo
 			}
 		}
 		prev = seen
-		return n, quiet && n == 0, nil
+		return n, live, quiet && n == 0, nil
 	}
+	live := 0
 	for round := 0; round < maxSweepRounds; round++ {
-		n, quiet, err := pass(true)
+		n, l, quiet, err := pass(true)
 		if err != nil {
 			return res
 		}
 		res.killed += n
 		if quiet {
 			res.converged = true
+			live = l
 			break
 		}
 		if n == 0 && round > 0 {
@@ -477,17 +476,18 @@ func sweepWith(procRoot string, sel func(procs []procInfo, self int) ([]procInfo
 			time.Sleep(100 * time.Microsecond)
 		}
 	}
-	if res.killed == 0 {
+	// The quiet round saw what the kills had done already.
+	if res.killed == 0 || res.converged && live == 0 {
 		res.gone = true
 		return res
 	}
 	deadline := time.Now().Add(sweepExitWait)
 	for {
-		n, _, err := pass(false)
+		_, live, _, err := pass(false)
 		if err != nil {
 			return res
 		}
-		if n == 0 {
+		if live == 0 {
 			res.gone = true
 			return res
 		}

@@ -732,7 +732,7 @@ var cgroupRoot = "/sys/fs/cgroup"
 
 // oomKills returns the memory cgroup's oom_kill counter, or -1.
 func (e *Engine) oomKills(c *ctr) int64 {
-	b, err := os.ReadFile(filepath.Join(cgroupRoot, "memory", "docker", c.dockerID, "memory.oom_control"))
+	b, err := agent.ReadProcFile(filepath.Join(cgroupRoot, "memory", "docker", c.dockerID, "memory.oom_control"))
 	if err != nil {
 		return -1
 	}

@@ -3,7 +3,6 @@ package docker
 import (
 	"bytes"
 	"fmt"
-	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -63,7 +62,7 @@ type threadKey struct {
 // tasks lists the host thread IDs in c's pids cgroup (nil when it cannot
 // be read): one file read.
 func (e *Engine) tasks(c *ctr) []int {
-	b, err := os.ReadFile(filepath.Join(cgroupRoot, "pids", "docker", c.dockerID, "tasks"))
+	b, err := agent.ReadProcFile(filepath.Join(cgroupRoot, "pids", "docker", c.dockerID, "tasks"))
 	if err != nil {
 		return nil
 	}
@@ -84,7 +83,7 @@ func hostThreadSession(tid int) (int, bool) {
 }
 
 func readHostStat(tid int) (agent.ProcStat, bool) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", tid))
+	b, err := agent.ReadProcFile(fmt.Sprintf("/proc/%d/stat", tid))
 	if err != nil {
 		return agent.ProcStat{}, false
 	}
@@ -108,7 +107,7 @@ func hostThread(tid int, known, seen threadGroups) (sid, pid int, ok bool) {
 		seen[k] = pid
 		return st.Session, pid, true
 	}
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", tid))
+	b, err := agent.ReadProcFile(fmt.Sprintf("/proc/%d/status", tid))
 	if err != nil {
 		return 0, 0, false
 	}

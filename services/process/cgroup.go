@@ -12,6 +12,7 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/sandbox-broker/sandbox-broker/services/agent"
 	"github.com/sandbox-broker/sandbox-broker/services/sandbox"
 )
 
@@ -152,7 +153,7 @@ func (c *cgroup) pids() []int {
 }
 
 func readPids(file string) []int {
-	b, err := os.ReadFile(file)
+	b, err := agent.ReadProcFile(file)
 	if err != nil {
 		return nil
 	}
@@ -216,7 +217,7 @@ func (c *cgroup) oomKills() int64 {
 	}
 	for _, dir := range c.dirs {
 		for _, f := range []string{"memory.events", "memory.oom_control"} {
-			b, err := os.ReadFile(filepath.Join(dir, f))
+			b, err := agent.ReadProcFile(filepath.Join(dir, f))
 			if err != nil {
 				continue
 			}

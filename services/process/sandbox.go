@@ -372,7 +372,7 @@ func sessionOf(pid int) (int, bool) {
 
 // procStat reads /proc/<pid>/task/<tid>/stat.
 func procStat(pid, tid int) (agent.ProcStat, bool) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/stat", pid, tid))
+	b, err := agent.ReadProcFile(fmt.Sprintf("/proc/%d/task/%d/stat", pid, tid))
 	if err != nil {
 		return agent.ProcStat{}, false
 	}
