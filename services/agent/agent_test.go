@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -41,6 +42,7 @@ type testAgent struct {
 	sock    string
 	workDir string
 	zygotes chan int // pids of zygotes that became ready
+	log     *syncBuf
 }
 
 // startAgent runs Serve in descendants sweep mode in a goroutine and waits
@@ -64,6 +66,7 @@ func startAgent(tb testing.TB, opts Options) *testAgent {
 		tb.Fatal(err)
 	}
 	log := &syncBuf{}
+	ta.log = log
 	opts.Socket = ta.sock
 	opts.WorkDir = ta.workDir
 	opts.TmpDir = filepath.Join(dir, "tmp")
@@ -425,6 +428,38 @@ func TestZygote(t *testing.T) {
 			t.Fatalf("after restart: %+v (zygote %d)", resp, zpid)
 		}
 	})
+	t.Run("pages-learnt", func(t *testing.T) {
+		// The zygote learnt which pages a run writes (this kernel has
+		// pagemap's exclusive bit and MADV_POPULATE_WRITE); its spares
+		// copy them while idle.
+		m := regexp.MustCompile(fmt.Sprintf(`zygote %d preloaded .*; its spares copy (\d+) pages ahead`, zpid)).FindStringSubmatch(ta.log.String())
+		if m == nil || m[1] == "0" {
+			t.Fatalf("no pages learnt: %q in\n%s", m, ta.log.String())
+		}
+	})
+	t.Run("tampered-spare", func(t *testing.T) {
+		// Code of a run tampers with the idle spare that will take the
+		// next run: a signal left pending for it, or its limits changed.
+		// The spare turns the job down and the run goes to another
+		// spare, exactly once.
+		for i, tamper := range []string{"os.kill(pid, signal.SIGUSR1)", "resource.prlimit(pid, resource.RLIMIT_NOFILE, (64, 64))"} {
+			resp := ta.run(t, py(findSpare+tamper+"\nprint(pid)"))
+			if resp.ExitCode != 0 {
+				t.Fatalf("tampering run: %+v", resp)
+			}
+			runs := fmt.Sprintf("runs%d.txt", i)
+			resp = ta.run(t, py(fmt.Sprintf("import os\nopen(%q, 'a').write('x')\nprint(os.getppid())", runs)))
+			if resp.ExitCode != 0 || !resp.Zygote || string(resp.Stdout) != fmt.Sprintf("%d\n", zpid) {
+				t.Fatalf("%s: the next run: %+v", tamper, resp)
+			}
+			if b, err := os.ReadFile(filepath.Join(ta.workDir, runs)); err != nil || string(b) != "x" {
+				t.Fatalf("%s: the code ran %q times (want exactly once): %v", tamper, b, err)
+			}
+			if n := strings.Count(ta.log.String(), "did not take the run"); n != i+1 {
+				t.Fatalf("%s: %d runs turned down, want %d", tamper, n, i+1)
+			}
+		}
+	})
 	t.Run("killed-zygote", func(t *testing.T) {
 		if err := syscall.Kill(zpid, syscall.SIGKILL); err != nil {
 			t.Fatal(err)
@@ -445,12 +480,18 @@ func TestZygote(t *testing.T) {
 		}
 	})
 	t.Run("wedged-zygote-falls-back", func(t *testing.T) {
-		// A stopped zygote never answers: the run falls back to python3
-		// after zygoteReplyTimeout and the zygote is replaced.
+		// A stopped zygote forks no spare: its idle spare, if it had
+		// forked one, takes one run; the next run finds none, falls back
+		// to python3 after zygoteReplyTimeout, and the zygote is replaced.
 		if err := syscall.Kill(zpid, syscall.SIGSTOP); err != nil {
 			t.Fatal(err)
 		}
-		resp := ta.run(t, py("import os\nprint(os.getppid())"))
+		var resp Response
+		for range 2 {
+			if resp = ta.run(t, py("import os\nprint(os.getppid())")); !resp.Zygote {
+				break
+			}
+		}
 		if resp.Zygote || resp.ExitCode != 0 || string(resp.Stdout) != fmt.Sprintf("%d\n", os.Getpid()) {
 			t.Fatalf("want a direct run (parent = agent %d), got %+v", os.Getpid(), resp)
 		}
@@ -463,6 +504,28 @@ func TestZygote(t *testing.T) {
 		}
 	})
 }
+
+// findSpare is Python that waits for the zygote's next idle spare (its
+// child other than this run) and leaves its pid in pid.
+const findSpare = `import os, resource, signal, time
+me, zygote = os.getpid(), os.getppid()
+def spare():
+    for p in os.listdir("/proc"):
+        if not p.isdigit() or int(p) == me:
+            continue
+        try:
+            st = open("/proc/%s/stat" % p).read()
+        except OSError:
+            continue
+        f = st[st.rindex(")") + 2:].split()
+        if int(f[1]) == zygote and f[0] not in "ZX" and int(f[3]) != int(p):
+            return int(p)
+deadline = time.time() + 10
+pid = spare()
+while pid is None and time.time() < deadline:
+    time.sleep(0.005)
+    pid = spare()
+`
 
 func TestSerialised(t *testing.T) {
 	ta := startAgent(t, Options{Language: LangBash})

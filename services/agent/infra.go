@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
+	"os"
 	"os/exec"
 	"sync"
 	"syscall"
@@ -326,4 +328,24 @@ func (k *keeper[P]) shutdown() {
 		<-settled // ctx is done, so a boot in progress returns promptly
 	}
 	k.release()
+}
+
+// childSocket makes a socket pair of type typ (SOCK_STREAM or
+// SOCK_SEQPACKET) for a child the agent starts: the agent's end as a
+// connection, and the child's end to pass in ExtraFiles, which the caller
+// closes once the child has started.
+func childSocket(typ int) (*net.UnixConn, *os.File, error) {
+	fds, err := syscall.Socketpair(syscall.AF_UNIX, typ|syscall.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return nil, nil, fmt.Errorf("socketpair: %w", err)
+	}
+	ours := os.NewFile(uintptr(fds[0]), "ctrl")
+	theirs := os.NewFile(uintptr(fds[1]), "ctrl-child")
+	c, err := net.FileConn(ours)
+	ours.Close()
+	if err != nil {
+		theirs.Close()
+		return nil, nil, fmt.Errorf("socket conn: %w", err)
+	}
+	return c.(*net.UnixConn), theirs, nil
 }

@@ -190,18 +190,11 @@ func (r *nodeRuntime) shutdown() {
 // start starts node with script in the agent's session, a socket on its
 // fd 3 and the given stdout and stderr.
 func (r *nodeRuntime) start(script string, ownGroup bool, stdout, stderr io.Writer) (*nodeProc, error) {
-	fds, err := syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
+	conn, theirs, err := childSocket(syscall.SOCK_STREAM)
 	if err != nil {
-		return nil, fmt.Errorf("socketpair: %w", err)
+		return nil, err
 	}
-	ours := os.NewFile(uintptr(fds[0]), "node-ctrl")
-	theirs := os.NewFile(uintptr(fds[1]), "node-ctrl-child")
 	defer theirs.Close()
-	conn, err := net.FileConn(ours)
-	ours.Close()
-	if err != nil {
-		return nil, fmt.Errorf("node conn: %w", err)
-	}
 	devnull, err := os.Open(os.DevNull)
 	if err != nil {
 		conn.Close()

@@ -17,6 +17,9 @@ import (
 type outcome struct {
 	exitCode int
 	signal   string
+	// notTaken: a zygote's spare ended without taking the run (see
+	// zygote.py): nothing of it ran.
+	notTaken bool
 }
 
 // proc is a started run: its pid (also its process group and session) and
@@ -27,6 +30,10 @@ type proc struct {
 	// abandon is called when the outcome does not arrive after the kill
 	// (zygote wedged); it must make done deliver soon.
 	abandon func()
+	// next, for a run a zygote's spare took, is that zygote: it is asked
+	// for the next spare once the run's answer is written, or after
+	// spareDelay if the run goes on that long.
+	next *zygote
 }
 
 // killGraceWait bounds how long the agent waits for the run's main process
@@ -37,97 +44,42 @@ const killGraceWait = 2 * time.Second
 // execute runs the code file at path; env, when set, is added to the run's
 // environment (the figure backend of Python runs).
 func (s *Server) execute(ctx context.Context, lang string, cmd Command, path string, env map[string]string, timeout time.Duration, limit int) Response {
-	stdin, err := os.Open(os.DevNull)
-	if err != nil {
-		return Response{ExitCode: -1, Error: "open /dev/null: " + err.Error()}
-	}
-	defer stdin.Close()
 	start := time.Now()
-	var p *proc
-	var outR, errR *os.File
-	usedZygote := false
 	// No infrastructure process starts while the run's code executes.
 	locked := false
-	lock := func() { codeLock.RLock(); locked = true }
+	lock := func() {
+		if !locked {
+			codeLock.RLock()
+			locked = true
+		}
+	}
 	defer func() {
 		if locked {
 			codeLock.RUnlock()
 		}
 	}()
-	if s.node != nil && filepath.Ext(path) == ".js" && (lang == LangTypeScript || lang == LangJavaScript) {
-		p, outR, errR, err = s.node.spawn(ctx, path, s.opts.WorkDir, lock)
-		if err != nil {
-			s.logf("running node directly: %v", err)
-		}
-	}
-	if p == nil {
-		lock()
-		var outW, errW *os.File
-		if outR, outW, err = os.Pipe(); err != nil {
-			return Response{ExitCode: -1, Error: "pipe: " + err.Error()}
-		}
-		defer outW.Close()
-		if errR, errW, err = os.Pipe(); err != nil {
-			outR.Close()
-			return Response{ExitCode: -1, Error: "pipe: " + err.Error()}
-		}
-		defer errW.Close()
-		if lang == LangPython && s.zyg != nil {
-			p, err = s.zyg.spawn(ctx, path, s.opts.WorkDir, env, stdin, outW, errW)
-			if err != nil {
-				s.logf("zygote unavailable, running python3 directly: %v", err)
-				p = nil
-			} else {
-				usedZygote = true
-			}
-		}
-		if p == nil {
-			p, err = s.spawnDirect(lang, cmd, path, withEnv(s.opts.Env, env), stdin, outW, errW)
-			if err != nil {
-				outR.Close()
-				errR.Close()
-				return Response{ExitCode: -1, Error: err.Error()}
-			}
-		}
-		// The children hold their own copies now.
-		outW.Close()
-		errW.Close()
-	}
-	defer outR.Close()
-	defer errR.Close()
-	stdin.Close()
-
-	type captured struct {
-		data      []byte
-		truncated bool
-	}
-	outC := make(chan captured, 1)
-	errC := make(chan captured, 1)
-	go func() { d, t := drain(outR, limit); outC <- captured{d, t} }()
-	go func() { d, t := drain(errR, limit); errC <- captured{d, t} }()
-
 	timer := time.NewTimer(timeout)
 	defer timer.Stop()
+	var r *started
 	var o outcome
-	timedOut, finished := false, false
-	select {
-	case o = <-p.done:
-		finished = true
-	case <-timer.C:
-		timedOut = true
-	case <-ctx.Done():
-	}
-	if !finished {
-		_ = syscall.Kill(-p.pid, syscall.SIGKILL)
-		_ = syscall.Kill(p.pid, syscall.SIGKILL)
-		select {
-		case o = <-p.done:
-		case <-time.After(killGraceWait):
-			if p.abandon != nil {
-				p.abandon()
-			}
-			o = <-p.done
+	timedOut := false
+	for attempt := 0; ; attempt++ {
+		var err error
+		// A run a spare turned down goes to another spare, then to a
+		// python3 of its own.
+		if r, err = s.start(ctx, lang, cmd, path, env, limit, lock, attempt < 2); err != nil {
+			return Response{ExitCode: -1, Error: err.Error()}
 		}
+		o, timedOut = r.wait(ctx, timer)
+		if !o.notTaken || timedOut || ctx.Err() != nil {
+			break
+		}
+		s.logf("zygote spare %d did not take the run", r.p.pid)
+		r.close()
+	}
+	defer r.close()
+	if z := r.p.next; z != nil {
+		s.nextSpare.Store(z)
 	}
 	dur := time.Since(start)
 
@@ -136,24 +88,7 @@ func (s *Server) execute(ctx context.Context, lang string, cmd Command, path str
 		s.logf("sweep incomplete: killed %d, converged %v, all gone %v", res.killed, res.converged, res.gone)
 	}
 
-	// Everything that could hold the pipes' write ends is dead now; bound
-	// the wait anyway (a process the agent cannot signal may hold them).
-	grace := time.NewTimer(killGraceWait)
-	defer grace.Stop()
-	var so, se captured
-	for got := 0; got < 2; {
-		select {
-		case so = <-outC:
-			outC = nil
-			got++
-		case se = <-errC:
-			errC = nil
-			got++
-		case <-grace.C:
-			outR.Close()
-			errR.Close()
-		}
-	}
+	so, se := r.output()
 	if so.data == nil {
 		so.data = []byte{}
 	}
@@ -174,9 +109,128 @@ func (s *Server) execute(ctx context.Context, lang string, cmd Command, path str
 		Truncated:       so.truncated || se.truncated,
 		TimedOut:        timedOut,
 		DurationMS:      dur.Milliseconds(),
-		Zygote:          usedZygote,
-		Cold:            lang == LangPython && s.zyg != nil && !usedZygote,
+		Zygote:          r.zygote,
+		Cold:            lang == LangPython && s.zyg != nil && !r.zygote,
 	}
+}
+
+// started is a run's process and the capture of its output.
+type started struct {
+	p          *proc
+	zygote     bool // forked from the zygote
+	outR, errR *os.File
+	outC, errC chan captured
+}
+
+type captured struct {
+	data      []byte
+	truncated bool
+}
+
+// start starts the run: in a Node spare, in a zygote's spare (with
+// zygote), or in an interpreter of its own; its output is read into
+// r.outC and r.errC.
+func (s *Server) start(ctx context.Context, lang string, cmd Command, path string, env map[string]string, limit int, lock func(), zygote bool) (*started, error) {
+	r := &started{}
+	var err error
+	if s.node != nil && filepath.Ext(path) == ".js" && (lang == LangTypeScript || lang == LangJavaScript) {
+		r.p, r.outR, r.errR, err = s.node.spawn(ctx, path, s.opts.WorkDir, lock)
+		if err != nil {
+			s.logf("running node directly: %v", err)
+		}
+	}
+	if r.p == nil {
+		lock()
+		stdin, err := os.Open(os.DevNull)
+		if err != nil {
+			return nil, fmt.Errorf("open /dev/null: %w", err)
+		}
+		defer stdin.Close()
+		var outW, errW *os.File
+		if r.outR, outW, err = os.Pipe(); err != nil {
+			return nil, fmt.Errorf("pipe: %w", err)
+		}
+		// The children hold their own copies once started.
+		defer outW.Close()
+		if r.errR, errW, err = os.Pipe(); err != nil {
+			r.outR.Close()
+			return nil, fmt.Errorf("pipe: %w", err)
+		}
+		defer errW.Close()
+		if zygote && lang == LangPython && s.zyg != nil {
+			r.p, err = s.zyg.spawn(ctx, path, s.opts.WorkDir, env, stdin, outW, errW)
+			if err != nil {
+				s.logf("zygote unavailable, running python3 directly: %v", err)
+			}
+			r.zygote = err == nil
+		}
+		if r.p == nil {
+			r.p, err = s.spawnDirect(lang, cmd, path, withEnv(s.opts.Env, env), stdin, outW, errW)
+			if err != nil {
+				r.outR.Close()
+				r.errR.Close()
+				return nil, err
+			}
+		}
+	}
+	if z := r.p.next; z != nil {
+		time.AfterFunc(spareDelay, func() { _ = z.requestSpare() })
+	}
+	r.outC, r.errC = make(chan captured, 1), make(chan captured, 1)
+	go func() { d, t := drain(r.outR, limit); r.outC <- captured{d, t} }()
+	go func() { d, t := drain(r.errR, limit); r.errC <- captured{d, t} }()
+	return r, nil
+}
+
+// wait waits for the run's main process to end, killing the run when
+// timer fires or ctx is done.
+func (r *started) wait(ctx context.Context, timer *time.Timer) (o outcome, timedOut bool) {
+	select {
+	case o = <-r.p.done:
+		return o, false
+	case <-timer.C:
+		timedOut = true
+	case <-ctx.Done():
+	}
+	_ = syscall.Kill(-r.p.pid, syscall.SIGKILL)
+	_ = syscall.Kill(r.p.pid, syscall.SIGKILL)
+	select {
+	case o = <-r.p.done:
+	case <-time.After(killGraceWait):
+		if r.p.abandon != nil {
+			r.p.abandon()
+		}
+		o = <-r.p.done
+	}
+	return o, timedOut
+}
+
+// output waits for the output's end: everything that could hold the
+// pipes' write ends is dead (swept) by now; the wait is bounded anyway (a
+// process the agent cannot signal may hold them).
+func (r *started) output() (so, se captured) {
+	grace := time.NewTimer(killGraceWait)
+	defer grace.Stop()
+	outC, errC := r.outC, r.errC
+	for got := 0; got < 2; {
+		select {
+		case so = <-outC:
+			outC = nil
+			got++
+		case se = <-errC:
+			errC = nil
+			got++
+		case <-grace.C:
+			r.outR.Close()
+			r.errR.Close()
+		}
+	}
+	return so, se
+}
+
+func (r *started) close() {
+	r.outR.Close()
+	r.errR.Close()
 }
 
 // drain reads r to EOF, keeping the first limit bytes and discarding the

@@ -130,6 +130,9 @@ type Server struct {
 	// (UnixNano); ran is set by the first run (see releaseWhenIdle).
 	lastActive atomic.Int64
 	ran        atomic.Bool
+	// nextSpare is the zygote whose spare the last run took: it is asked
+	// for the next one once the run's answer is written.
+	nextSpare atomic.Pointer[zygote]
 
 	jobsMu sync.Mutex
 	nJobs  int // live jobs, at most MaxJobs
@@ -348,6 +351,10 @@ func (s *Server) handle(ctx context.Context, c net.Conn) {
 	b = append(b, '\n')
 	_ = c.SetWriteDeadline(time.Now().Add(30 * time.Second))
 	_, _ = c.Write(b)
+	if z := s.nextSpare.Swap(nil); z != nil {
+		c.Close() // the answer is complete: the client stops waiting now
+		_ = z.requestSpare()
+	}
 }
 
 // serveConn reads the first line and answers a run; for a job request it

@@ -97,23 +97,29 @@ print(sid == os.getpid(), os.getppid())`))
 	if want := fmt.Sprintf("True %d\n", zpid); string(resp.Stdout) != want {
 		t.Fatalf("got %q %q, want %q", resp.Stdout, resp.Stderr, want)
 	}
-	procs, _, err := listProcs("/proc")
-	if err != nil {
-		t.Fatal(err)
-	}
-	spares := 0
-	spawnMu.Lock()
-	for _, p := range procs {
-		if p.ppid == zpid && p.state != 'Z' {
+	// The next spare is forked once the answer is written.
+	deadline := time.Now().Add(10 * time.Second)
+	for spares := 0; spares == 0; {
+		procs, _, err := listProcs("/proc")
+		if err != nil {
+			t.Fatal(err)
+		}
+		spawnMu.Lock()
+		for _, p := range procs {
+			// The run's own process may still be on its way out.
+			if p.ppid != zpid || p.state == 'Z' || p.flags&pfExiting != 0 {
+				continue
+			}
 			if !spareOfZygote(p) {
 				t.Errorf("zygote child %d (session %d) is not an idle spare", p.pid, p.sid)
 			}
 			spares++
 		}
-	}
-	spawnMu.Unlock()
-	if spares == 0 {
-		t.Fatal("no idle spare")
+		spawnMu.Unlock()
+		if spares == 0 && time.Now().After(deadline) {
+			t.Fatal("no idle spare")
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
 }
 

@@ -9,15 +9,25 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"strconv"
+	"sync"
 	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
-// zygoteScript is the Python zygote. It is passed with `python3 -c`, so no
-// file a run could overwrite is involved in (re)starting it.
-//
-//go:embed zygote.py
-var zygoteScript string
+// zygoteScript is the Python zygote: zygote.py, then spare.py (its
+// children's side), which ends by starting it. It is passed with `python3
+// -c`, so no file a run could overwrite is involved in (re)starting it.
+var zygoteScript = zygoteMain + "\n" + zygoteSpare
+
+var (
+	//go:embed zygote.py
+	zygoteMain string
+	//go:embed spare.py
+	zygoteSpare string
+)
 
 const (
 	// zygoteReadyTimeout bounds the zygote's start-up (the heavy imports).
@@ -26,10 +36,33 @@ const (
 	zygoteReplyTimeout = 2 * time.Second
 )
 
+// zygote is one running zygote and the state of its spares (see
+// zygote.py): its reader (serve) takes in the spares it forks and the exit
+// statuses of its children.
 type zygote struct {
 	ch   *child
 	conn *net.UnixConn
 	pid  int
+	dead chan struct{} // closed when serve stops: no more spares or statuses
+
+	mu      sync.Mutex
+	spare   *spare               // idle, not yet handed a job
+	asked   bool                 // a fork request is outstanding
+	forkErr string               // the zygote could not fork the spare asked for
+	changed chan struct{}        // closed and replaced when the fields above change
+	waits   map[int]chan outcome // runs waiting for the zygote's word on their end
+}
+
+// spare is an idle spare: its pid and the agent's end of its channel.
+type spare struct {
+	pid  int
+	conn *net.UnixConn
+}
+
+func newZygote(ch *child, conn *net.UnixConn) *zygote {
+	// asked: the first spare comes unasked.
+	return &zygote{ch: ch, conn: conn, pid: ch.pid, dead: make(chan struct{}), asked: true,
+		changed: make(chan struct{}), waits: map[int]chan outcome{}}
 }
 
 func (z *zygote) procID() int             { return z.pid }
@@ -58,19 +91,11 @@ func (m *zygoteManager) startZygote() (*zygote, error) {
 	if err != nil {
 		return nil, errors.New("python3 not found on PATH")
 	}
-	fds, err := syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_SEQPACKET|syscall.SOCK_CLOEXEC, 0)
+	conn, theirs, err := childSocket(syscall.SOCK_SEQPACKET)
 	if err != nil {
-		return nil, fmt.Errorf("socketpair: %w", err)
+		return nil, err
 	}
-	ours := os.NewFile(uintptr(fds[0]), "zygote-ctrl")
-	theirs := os.NewFile(uintptr(fds[1]), "zygote-ctrl-child")
 	defer theirs.Close()
-	fc, err := net.FileConn(ours)
-	ours.Close()
-	if err != nil {
-		return nil, fmt.Errorf("zygote conn: %w", err)
-	}
-	conn := fc.(*net.UnixConn)
 	devnull, err := os.Open(os.DevNull)
 	if err != nil {
 		conn.Close()
@@ -79,7 +104,7 @@ func (m *zygoteManager) startZygote() (*zygote, error) {
 	defer devnull.Close()
 	ch, err := s.startInfra(&exec.Cmd{
 		Path:       bin,
-		Args:       []string{"python3", "-s", "-c", zygoteScript}, // -s: no user site (runs write it)
+		Args:       []string{"python3", "-s", "-c", zygoteScript, figuresBackend}, // -s: no user site (runs write it)
 		Env:        s.opts.Env,
 		Dir:        "/",
 		Stdin:      devnull,
@@ -95,7 +120,7 @@ func (m *zygoteManager) startZygote() (*zygote, error) {
 		<-ch.done
 		conn.Close()
 	}()
-	return &zygote{ch: ch, conn: conn, pid: ch.pid}, nil
+	return newZygote(ch, conn), nil
 }
 
 // waitSealed waits for the zygote's first message: it is non-dumpable.
@@ -124,6 +149,7 @@ func (m *zygoteManager) waitZygote(ctx context.Context, z *zygote) error {
 		Ready     bool     `json:"ready"`
 		PID       int      `json:"pid"`
 		Preloaded []string `json:"preloaded"`
+		HotPages  int      `json:"hot_pages"`
 	}
 	if err := readMsg(z.conn, &hello); err != nil {
 		return fmt.Errorf("waiting for ready: %w", err)
@@ -132,117 +158,305 @@ func (m *zygoteManager) waitZygote(ctx context.Context, z *zygote) error {
 		return fmt.Errorf("bad ready message (pid %d, want %d)", hello.PID, z.pid)
 	}
 	_ = z.conn.SetReadDeadline(time.Time{})
-	m.s.logf("zygote %d preloaded %v", z.pid, hello.Preloaded)
+	m.s.logf("zygote %d preloaded %v; its spares copy %d pages ahead", z.pid, hello.Preloaded, hello.HotPages)
+	go m.serve(z)
 	return nil
 }
 
-// discardTainted discards a zygote that failed after it may have received
-// a request: it may have forked a child running the code already, so the
-// zygote is killed and a sweep runs before the caller falls back to a
-// direct spawn (the code must not run twice).
-func (m *zygoteManager) discardTainted(z *zygote, why error) {
-	m.discard(z, why)
+// serve reads what the zygote sends once ready: its spares and the ends
+// of its children. When it stops (the zygote died, or sent something it
+// must not), the zygote is discarded and every run waiting on it is told.
+func (m *zygoteManager) serve(z *zygote) {
+	err := z.serve()
+	z.mu.Lock()
+	close(z.dead)
+	if z.spare != nil {
+		z.spare.conn.Close()
+		z.spare = nil
+	}
+	z.notifyLocked()
+	z.mu.Unlock()
+	// A zygote that closed its end is on its way out (the agent is
+	// stopping, or it was killed); one that sent what it must not goes.
+	t := time.NewTimer(killGraceWait)
+	defer t.Stop()
 	select {
 	case <-z.exited():
-	case <-time.After(killGraceWait):
+	case <-t.C:
+		m.discard(z, err)
 	}
-	sweep(m.s.mode, m.s.opts.ProcRoot)
 }
 
-// spawn asks the zygote to fork a child running path with the given stdio.
-// Any failure discards the zygote (a replacement starts in the background)
-// and is returned so that the caller falls back to a direct spawn.
+// zygoteMsg is one message of a ready zygote.
+type zygoteMsg struct {
+	Spare  int    `json:"spare"`
+	PID    int    `json:"pid"`
+	Exit   *int   `json:"exit"`
+	Signal *int   `json:"signal"`
+	Taken  *bool  `json:"taken"`
+	Error  string `json:"error"`
+}
+
+func (z *zygote) serve() error {
+	for {
+		var m zygoteMsg
+		fds, err := readMsgFDs(z.conn, &m)
+		if err != nil {
+			return err
+		}
+		switch {
+		case m.Spare > 1 && len(fds) == 1:
+			f := os.NewFile(uintptr(fds[0]), "spare")
+			c, err := net.FileConn(f)
+			f.Close()
+			uc, ok := c.(*net.UnixConn)
+			if err != nil || !ok {
+				return fmt.Errorf("spare %d: bad channel", m.Spare)
+			}
+			z.mu.Lock()
+			old := z.spare
+			z.spare, z.asked = &spare{pid: m.Spare, conn: uc}, false
+			z.notifyLocked()
+			z.mu.Unlock()
+			if old != nil { // never asked for: the zygote is not ours to trust
+				old.conn.Close()
+				return errors.New("a spare it was not asked for")
+			}
+		case m.PID > 1 && len(fds) == 0 && (m.Exit != nil || m.Signal != nil):
+			o := outcome{exitCode: -1, notTaken: m.Taken != nil && !*m.Taken}
+			if m.Signal != nil {
+				o.signal = signalName(syscall.Signal(*m.Signal))
+			} else {
+				o.exitCode = *m.Exit
+			}
+			z.mu.Lock()
+			if w := z.waits[m.PID]; w != nil {
+				w <- o // buffered; one word per child
+				delete(z.waits, m.PID)
+			}
+			if z.spare != nil && z.spare.pid == m.PID { // died idle
+				z.spare.conn.Close()
+				z.spare = nil
+				z.notifyLocked()
+			}
+			z.mu.Unlock()
+		case m.Error != "" && len(fds) == 0:
+			z.mu.Lock()
+			z.asked, z.forkErr = false, m.Error
+			z.notifyLocked()
+			z.mu.Unlock()
+		default:
+			for _, fd := range fds {
+				syscall.Close(fd)
+			}
+			return errors.New("unexpected message")
+		}
+	}
+}
+
+// notifyLocked wakes everyone waiting on a change. Caller holds z.mu.
+func (z *zygote) notifyLocked() {
+	close(z.changed)
+	z.changed = make(chan struct{})
+}
+
+// expect registers a wait for the zygote's word on pid's end.
+func (z *zygote) expect(pid int) <-chan outcome {
+	w := make(chan outcome, 1)
+	z.mu.Lock()
+	z.waits[pid] = w
+	z.mu.Unlock()
+	return w
+}
+
+func (z *zygote) forget(pid int) {
+	z.mu.Lock()
+	delete(z.waits, pid)
+	z.mu.Unlock()
+}
+
+// errForkFailed: the zygote could not fork a spare (the pids limit, say).
+var errForkFailed = errors.New("zygote: fork failed")
+
+// takeSpare takes the idle spare, asking for one and waiting up to wait
+// when there is none.
+func (z *zygote) takeSpare(ctx context.Context, wait time.Duration) (*spare, error) {
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	for {
+		z.mu.Lock()
+		sp, ferr, changed := z.spare, z.forkErr, z.changed
+		z.spare, z.forkErr = nil, ""
+		z.mu.Unlock()
+		select {
+		case <-z.dead:
+			return nil, errors.New("zygote gone")
+		default:
+		}
+		switch {
+		case sp != nil:
+			return sp, nil
+		case ferr != "":
+			return nil, fmt.Errorf("%w: %s", errForkFailed, ferr)
+		}
+		if err := z.requestSpare(); err != nil {
+			return nil, err
+		}
+		select {
+		case <-changed:
+		case <-z.dead:
+		case <-t.C:
+			return nil, errNoSpare
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+}
+
+// requestSpare asks the zygote to fork the next spare unless one is idle
+// or asked for already.
+func (z *zygote) requestSpare() error {
+	z.mu.Lock()
+	if z.spare != nil || z.asked {
+		z.mu.Unlock()
+		return nil
+	}
+	z.asked = true
+	z.mu.Unlock()
+	_ = z.conn.SetWriteDeadline(time.Now().Add(zygoteReplyTimeout))
+	_, err := z.conn.Write([]byte(`{"fork": true}`))
+	if err != nil {
+		return fmt.Errorf("fork request: %w", err)
+	}
+	return nil
+}
+
+// errNoSpare: the zygote did not hand over a spare in time (wedged).
+var errNoSpare = errors.New("no spare within the timeout")
+
+// spareDelay is how long a run goes before the next spare is asked for
+// while it still runs; a shorter run's successor is asked for once its
+// answer has been written, so that the fork never competes with it.
+const spareDelay = 10 * time.Millisecond
+
+// spawn hands the run at path, with the given stdio, to the zygote's idle
+// spare, waiting a bounded time for one. A zygote that hands none over in
+// time is discarded (a replacement starts in the background); the error
+// is returned so that the caller falls back to a direct spawn. The spare
+// may still turn the job down (it was tampered with or killed while
+// idle): the proc's outcome then says notTaken, and nothing of the run
+// has happened.
 func (m *zygoteManager) spawn(ctx context.Context, path, cwd string, env map[string]string, stdin, stdout, stderr *os.File) (*proc, error) {
 	z, err := m.get(ctx, 0, false)
 	if err != nil {
 		return nil, err
 	}
-	select {
-	case <-z.exited():
-		m.discard(z, errors.New("exited"))
-		return nil, errors.New("zygote exited")
-	default:
-	}
 	msg, _ := json.Marshal(map[string]any{"path": path, "cwd": cwd, "env": env})
 	rights := syscall.UnixRights(int(stdin.Fd()), int(stdout.Fd()), int(stderr.Fd()))
-	_ = z.conn.SetDeadline(time.Now().Add(zygoteReplyTimeout))
-	if _, _, err := z.conn.WriteMsgUnix(msg, rights, nil); err != nil {
-		m.discardTainted(z, fmt.Errorf("send: %w", err))
-		return nil, err
-	}
-	var reply struct {
-		PID   int    `json:"pid"`
-		Error string `json:"error"`
-	}
-	if err := readMsg(z.conn, &reply); err != nil {
-		m.discardTainted(z, fmt.Errorf("fork reply: %w", err))
-		return nil, err
-	}
-	if reply.Error != "" || reply.PID <= 1 {
-		err := fmt.Errorf("zygote: %s (pid %d)", reply.Error, reply.PID)
-		// A fork failure (e.g. the pids limit) is not the zygote's fault.
-		return nil, err
-	}
-	_ = z.conn.SetDeadline(time.Time{})
-	pid := reply.PID
-	// The child is not ours, but if the zygote dies it is re-parented to
-	// the agent (subreaper): mark it managed so that the sweep leaves its
-	// zombie for waitOrphan.
-	spawnMu.Lock()
-	managed[pid] = true
-	spawnMu.Unlock()
-	done := make(chan outcome, 1)
-	go func() {
-		o := m.awaitStatus(ctx, z, pid)
-		spawnMu.Lock()
-		delete(managed, pid)
-		spawnMu.Unlock()
-		done <- o
-	}()
-	return &proc{pid: pid, done: done, abandon: func() {
-		m.discard(z, errors.New("no exit status after SIGKILL"))
-	}}, nil
-}
-
-// awaitStatus reads the child's exit status from the zygote; if the zygote
-// dies first, it waits for the orphaned child itself.
-func (m *zygoteManager) awaitStatus(ctx context.Context, z *zygote, pid int) outcome {
-	for {
-		var st struct {
-			PID    int  `json:"pid"`
-			Exit   *int `json:"exit"`
-			Signal *int `json:"signal"`
-		}
-		err := readMsg(z.conn, &st)
+	for attempt := 0; ; attempt++ {
+		sp, err := z.takeSpare(ctx, zygoteReplyTimeout)
 		if err != nil {
-			m.discard(z, fmt.Errorf("exit status: %w", err))
-			return waitOrphan(ctx, pid)
+			if !errors.Is(err, errForkFailed) {
+				// A fork failure (e.g. the pids limit) is not the
+				// zygote's fault; anything else is.
+				m.discard(z, err)
+			}
+			return nil, err
 		}
-		if st.PID != pid {
+		// Registered before the job goes: the zygote's word on the
+		// child's end cannot come first. Managed: if the zygote dies the
+		// child is re-parented to the agent (subreaper), and the sweep
+		// must leave its zombie to waitOrphan.
+		w := z.expect(sp.pid)
+		spawnMu.Lock()
+		managed[sp.pid] = true
+		spawnMu.Unlock()
+		forget := func() {
+			z.forget(sp.pid)
+			spawnMu.Lock()
+			delete(managed, sp.pid)
+			spawnMu.Unlock()
+			sp.conn.Close()
+		}
+		_ = syscall.Kill(sp.pid, syscall.SIGCONT) // code of an earlier run may have stopped it
+		_ = sp.conn.SetWriteDeadline(time.Now().Add(zygoteReplyTimeout))
+		if _, _, err := sp.conn.WriteMsgUnix(msg, rights, nil); err != nil {
+			// It never got the job (it died idle): another one may.
+			_ = syscall.Kill(sp.pid, syscall.SIGKILL)
+			forget()
+			if attempt == 1 {
+				return nil, err
+			}
 			continue
 		}
-		switch {
-		case st.Signal != nil:
-			return outcome{exitCode: -1, signal: signalName(syscall.Signal(*st.Signal))}
-		case st.Exit != nil:
-			if *st.Exit < 0 { // waitstatus_to_exitcode gives -sig
-				return outcome{exitCode: -1, signal: signalName(syscall.Signal(-*st.Exit))}
-			}
-			return outcome{exitCode: *st.Exit}
-		}
-		return outcome{exitCode: -1}
+		done := make(chan outcome, 1)
+		go func() {
+			o := z.await(ctx, sp, w)
+			forget()
+			done <- o
+		}()
+		return &proc{pid: sp.pid, done: done, abandon: func() {
+			m.discard(z, errors.New("no exit status after SIGKILL"))
+		}, next: z}, nil
 	}
 }
 
-// waitOrphan waits for a run child whose zygote died. The child is then the
-// agent's (subreaper) child, so wait4 yields its status; if it is not (no
-// subreaper), poll until it is gone and report exit code -1.
+// await waits for the end of the run handed to sp: its own report ("x"
+// and the exit code, sent just before it exits), else the zygote's wait
+// status, else (the zygote died) the status the agent collects as the
+// orphan's subreaper.
+func (z *zygote) await(ctx context.Context, sp *spare, w <-chan outcome) outcome {
+	own := make(chan outcome, 1)
+	go func() {
+		var b [16]byte
+		n, err := sp.conn.Read(b[:])
+		if err == nil && n > 1 && b[0] == 'x' {
+			if code, err := strconv.Atoi(string(b[1:n])); err == nil && code >= 0 && code <= 255 {
+				own <- outcome{exitCode: code}
+				return
+			}
+		}
+		close(own) // EOF or garbage: the zygote's status decides
+	}()
+	select {
+	case o, ok := <-own:
+		if ok {
+			return o
+		}
+	case o := <-w:
+		return o
+	case <-z.dead:
+	}
+	select {
+	case o := <-w:
+		return o
+	case <-z.dead:
+	}
+	select {
+	case o := <-w: // the last word of the zygote's reader
+		return o
+	default:
+	}
+	return waitOrphan(ctx, sp.pid)
+}
+
+// waitOrphan waits for a spare, handed a job, whose zygote died. The child
+// is then the agent's (subreaper) child, so wait4 yields its status, and
+// whether it had taken its job (it led its own session) is read before it
+// is reaped; if it is not (no subreaper), poll until it is gone and report
+// exit code -1.
 func waitOrphan(ctx context.Context, pid int) outcome {
 	for {
-		var ws syscall.WaitStatus
-		wpid, err := syscall.Wait4(pid, &ws, syscall.WNOHANG, nil)
-		if wpid == pid {
-			return outcomeOfStatus(ws)
+		var info unix.Siginfo
+		err := unix.Waitid(unix.P_PID, pid, &info, unix.WEXITED|unix.WNOHANG|unix.WNOWAIT, nil)
+		if err == nil && info.Signo == int32(unix.SIGCHLD) {
+			sid, serr := unix.Getsid(pid)
+			var ws syscall.WaitStatus
+			if wpid, _ := syscall.Wait4(pid, &ws, syscall.WNOHANG, nil); wpid == pid {
+				o := outcomeOfStatus(ws)
+				o.notTaken = serr == nil && sid != pid
+				return o
+			}
 		}
 		if errors.Is(err, syscall.ECHILD) {
 			if syscall.Kill(pid, 0) != nil {
@@ -257,28 +471,37 @@ func waitOrphan(ctx context.Context, pid int) outcome {
 	}
 }
 
-// readMsg reads one packet and decodes it as JSON.
+// readMsg reads one packet and decodes it as JSON; descriptors sent with
+// it are closed.
 func readMsg(c *net.UnixConn, v any) error {
+	fds, err := readMsgFDs(c, v)
+	for _, fd := range fds {
+		syscall.Close(fd)
+	}
+	return err
+}
+
+// readMsgFDs reads one packet with the descriptors sent with it (the
+// caller's to close) and decodes it as JSON.
+func readMsgFDs(c *net.UnixConn, v any) ([]int, error) {
 	buf := make([]byte, 64<<10)
 	oob := make([]byte, 256)
 	n, oobn, _, _, err := c.ReadMsgUnix(buf, oob)
 	if err != nil {
-		return err
+		return nil, err
 	}
+	var fds []int
 	if oobn > 0 {
-		// The zygote never sends descriptors; close any it did.
 		if msgs, err := syscall.ParseSocketControlMessage(oob[:oobn]); err == nil {
 			for _, msg := range msgs {
-				if fds, err := syscall.ParseUnixRights(&msg); err == nil {
-					for _, fd := range fds {
-						syscall.Close(fd)
-					}
+				if got, err := syscall.ParseUnixRights(&msg); err == nil {
+					fds = append(fds, got...)
 				}
 			}
 		}
 	}
 	if n == 0 {
-		return errors.New("zygote closed the connection")
+		return fds, errors.New("zygote closed the connection")
 	}
-	return json.Unmarshal(buf[:n], v)
+	return fds, json.Unmarshal(buf[:n], v)
 }
