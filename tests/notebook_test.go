@@ -118,7 +118,7 @@ func TestNotebookModeKeepsStateAndShowsOutputs(t *testing.T) {
 		// Between calls the kernel is stopped: nothing of the session runs.
 		fr, _ = run(t, c, map[string]any{"session_id": s, "language": "python", "code": `import os
 for p in filter(str.isdigit, os.listdir('/proc')):
-    if b'ipykernel_launcher' in open(f'/proc/{p}/cmdline', 'rb').read():
+    if b'sandbox-kernel-' in open(f'/proc/{p}/cmdline', 'rb').read():
         print(open(f'/proc/{p}/stat').read().rsplit(')', 1)[1].split()[0])`})
 		if strings.TrimSpace(fr.Stdout) != "T" {
 			t.Fatalf("kernel state between calls: %+v", fr)
@@ -215,13 +215,13 @@ func TestNotebookTimeoutAndOOMKillKernelAndNextCallSaysStateLost(t *testing.T) {
 	})
 }
 
-// kernelRunning reports whether some host process has the connection
-// file in its command line (ipykernel's -f argument).
-func kernelRunning(t *testing.T, connFile string) bool {
+// kernelRunning reports whether some host process has the kernel's ID in
+// its command line (its last argument).
+func kernelRunning(t *testing.T, id string) bool {
 	t.Helper()
 	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
 	for _, p := range procs {
-		if b, err := os.ReadFile(p); err == nil && bytes.Contains(b, []byte(connFile)) {
+		if b, err := os.ReadFile(p); err == nil && bytes.Contains(b, []byte(id)) {
 			return true
 		}
 	}
@@ -231,16 +231,16 @@ func kernelRunning(t *testing.T, connFile string) bool {
 func TestCloseSessionKillsKernel(t *testing.T) {
 	backendsAndGVisor(t, nil, func(t *testing.T, backend string, b *Broker, c *client.Client) {
 		requireHostPlotting(t, backend)
-		r, _ := cell(t, c, "", "from ipykernel.connect import get_connection_file\nget_connection_file()", nil)
-		conn := strings.Trim(r.Result, "'")
+		r, _ := cell(t, c, "", "import sys\nsys.argv[-1]", nil)
+		id := strings.Trim(r.Result, "'")
 		// Under gVisor the sandbox's processes are not host processes:
 		// there the kernel lives exactly as long as its sandbox.
-		running := func() bool { return kernelRunning(t, conn) }
+		running := func() bool { return kernelRunning(t, id) }
 		if backend == "docker-runsc" {
 			running = func() bool { return len(containersLabelled(t, "sandbox.root="+b.Root)) > 0 }
 		}
-		if !strings.HasSuffix(conn, "/kernel.json") || !running() {
-			t.Fatalf("kernel (connection file %q) not found running", conn)
+		if !strings.HasPrefix(id, "sandbox-kernel-") || !running() {
+			t.Fatalf("kernel %q not found running", id)
 		}
 		if res := callTool(t, c, "close_session", map[string]any{"session_id": r.SessionID}); res.IsError {
 			t.Fatalf("close_session: %+v", res.Content)

@@ -151,7 +151,7 @@ type RunCodeArgs struct {
 	Language       string `json:"language" validate:"required,max=32,clean" audit:"clear" desc:"Runner language; list_runners shows what is available (python, typescript, bash)."`
 	Code           string `json:"code" validate:"required,max=262144,clean" audit:"digest" desc:"Source code to run. The working directory is /mnt/data (also /data), which persists for the session."`
 	TimeoutS       int    `json:"timeout_s,omitempty" validate:"omitempty,min=1" desc:"Wall-clock limit in seconds (default 60)."`
-	Mode           string `json:"mode,omitempty" validate:"omitempty,oneof=fresh notebook" audit:"clear" desc:"fresh (default): a new process per run. notebook (python only): a cell of the session's Jupyter kernel, which keeps variables and imports between calls and shows the last expression's value, figures and rich displays. A timeout or out-of-memory kill ends the kernel and its state."`
+	Mode           string `json:"mode,omitempty" validate:"omitempty,oneof=fresh notebook" audit:"clear" desc:"fresh (default): a new process per run. notebook (python only): a cell of the session's IPython kernel (as in Jupyter), which keeps variables and imports between calls and shows the last expression's value, figures and rich displays. A timeout or out-of-memory kill ends the kernel and its state."`
 }
 
 // RunCodeResult is run_code's structured output.
@@ -184,7 +184,7 @@ type RunCodeResult struct {
 // RunCode runs code in the caller's session sandbox.
 func RunCode(e *Engine) ServerTool {
 	return newTool("run_code",
-		"Run Python, TypeScript or Bash code in your session's sandbox (no network). Files written under /mnt/data persist for the session; new or changed files come back as sandbox:// resource links (read them with resources/read), images also inline, plus signed download links when the broker has a public URL. Matplotlib figures a Python run shows or leaves open come back as images. mode=notebook runs Python in the session's persistent Jupyter kernel (state kept between calls, last expression displayed).",
+		"Run Python, TypeScript or Bash code in your session's sandbox (no network). Files written under /mnt/data persist for the session; new or changed files come back as sandbox:// resource links (read them with resources/read), images also inline, plus signed download links when the broker has a public URL. Matplotlib figures a Python run shows or leaves open come back as images. mode=notebook runs Python in the session's persistent IPython kernel, as in Jupyter (state kept between calls, last expression displayed).",
 		512<<10, writeAnnotations("Run code", false, false),
 		func(ctx context.Context, p identity.Principal, a *RunCodeArgs) (*mcp.CallToolResult, error) {
 			if err := e.ready(); err != nil {

@@ -5,21 +5,21 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"os"
+	"io"
 	"time"
 )
 
-// A cell's round trip with the shim (kernel_shim.py): one request line,
-// then its outputs one per line until "done".
+// A cell's round trip with the kernel (kernel.py): one request line, then
+// its outputs one per line until "done".
 
-// readLines feeds k.lines from the shim's stdout; a line over maxShimLine
-// is discarded and noted on k.skip.
-func (k *kernel) readLines(r *os.File) {
+// readLines feeds k.lines from the kernel's socket; a line over
+// maxKernelLine is discarded and noted on k.skip.
+func (k *kernel) readLines(r io.ReadCloser) {
 	defer close(k.lines)
 	defer r.Close()
 	br := bufio.NewReaderSize(r, 64<<10)
 	for {
-		line, err := readLine(br, maxShimLine)
+		line, err := readLine(br, maxKernelLine)
 		if err == nil {
 			select {
 			case k.lines <- line:
@@ -52,8 +52,8 @@ func discardLine(br *bufio.Reader) error {
 	}
 }
 
-// shimMsg is one line from the shim (see kernel_shim.py).
-type shimMsg struct {
+// kernelMsg is one line from the kernel (see kernel.py).
+type kernelMsg struct {
 	T              string            `json:"t"`
 	Name           string            `json:"name"`
 	Text           string            `json:"text"`
@@ -96,8 +96,8 @@ func (c *cell) write(stream *[]byte, text string) {
 	}
 }
 
-// apply adds one shim message; it reports the final one.
-func (c *cell) apply(m shimMsg) (done bool) {
+// apply adds one kernel message; it reports the final one.
+func (c *cell) apply(m kernelMsg) (done bool) {
 	if m.T != "done" && m.T != "clear" {
 		c.clearIfPending()
 	}
@@ -114,6 +114,8 @@ func (c *cell) apply(m shimMsg) (done bool) {
 			kind = DisplayResult
 		}
 		c.displays.add(Display{Kind: kind, Data: m.Data})
+	case "truncated":
+		c.truncated = true
 	case "dropped":
 		c.displays.dropped++
 	case "error":
@@ -134,8 +136,8 @@ func (c *cell) apply(m shimMsg) (done bool) {
 	return false
 }
 
-// execute sends code to the shim and collects the cell's outputs until it
-// is done, the kernel or the shim dies, or deadline passes.
+// execute sends code to the kernel and collects the cell's outputs until
+// it is done, the kernel dies, or deadline passes.
 func (k *kernel) execute(ctx context.Context, code string, deadline time.Time, limit int) Response {
 	c := &cell{limit: limit}
 	result := func(exit int, signal string, timedOut bool, ended string) Response {
@@ -152,10 +154,21 @@ func (k *kernel) execute(ctx context.Context, code string, deadline time.Time, l
 		}
 		return r
 	}
-	req, _ := json.Marshal(map[string]string{"code": code})
-	_ = k.in.SetWriteDeadline(deadline)
-	if _, err := k.in.Write(append(req, '\n')); err != nil {
-		return result(-1, "", false, "the kernel client stopped reading ("+err.Error()+")")
+	req, _ := json.Marshal(map[string]any{"code": code, "limit": limit})
+	_ = k.conn.SetWriteDeadline(deadline)
+	if _, err := k.conn.Write(append(req, '\n')); err != nil {
+		return result(-1, "", false, "the kernel stopped reading ("+err.Error()+")")
+	}
+	// Died mid-cell: an OOM kill, os._exit, a crash. The broker reads the
+	// signal against the cgroup's OOM counter. The kernel's socket closes
+	// as it dies, so its end can be seen there first.
+	died := func() Response {
+		k.waitExit()
+		if !k.kern.exited() {
+			return result(-1, "", false, "the kernel closed its socket")
+		}
+		o := outcomeOf(k.kern.state, nil)
+		return result(-1, o.signal, false, "the kernel "+k.kern.describe())
 	}
 	t := time.NewTimer(time.Until(deadline))
 	defer t.Stop()
@@ -163,9 +176,9 @@ func (k *kernel) execute(ctx context.Context, code string, deadline time.Time, l
 		select {
 		case line, ok := <-k.lines:
 			if !ok {
-				return result(-1, "", false, "the kernel client "+k.waitShim())
+				return died()
 			}
-			var m shimMsg
+			var m kernelMsg
 			if json.Unmarshal(line, &m) != nil {
 				continue
 			}
@@ -180,10 +193,7 @@ func (k *kernel) execute(ctx context.Context, code string, deadline time.Time, l
 		case <-k.skip:
 			c.displays.dropped++
 		case <-k.kern.done:
-			// Died mid-cell: an OOM kill, os._exit, a crash. The broker
-			// reads the signal against the cgroup's OOM counter.
-			o := outcomeOf(k.kern.state, nil)
-			return result(-1, o.signal, false, "the kernel "+k.kern.describe())
+			return died()
 		case <-t.C:
 			return result(-1, "SIGKILL", true, "the cell timed out and the kernel was killed")
 		case <-ctx.Done():

@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -19,36 +20,31 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// Notebook mode. The agent runs ipykernel (Debian's python3-ipykernel) as
-// its child and drives it through kernel_shim.py, a jupyter_client
-// BlockingKernelClient that speaks JSON lines with the agent: the Jupyter
-// messaging protocol is the maintained one's, over ipc (Unix) sockets in a
-// private directory under the sandbox's /tmp, so it needs no network, not
-// even loopback. The kernel leads a session of its own, and the shim, which
-// runs no code of the session, a process group in the agent's session. The
-// sweep after every run spares the two (see notebookProcs) and kills
-// everything else, the kernel's children included; the broker's host-side
-// check then holds the kernel's session to the kernel alone (see Strays).
-// Between runs both are stopped (SIGSTOP), so no code of the session runs
-// while no call is in progress. A timeout, a dead kernel or a dead shim
-// kills both; the next notebook run starts a new kernel and says why the
-// old one went.
+// Notebook mode. The agent runs kernel.py, IPython's InteractiveShell (the
+// shell inside ipykernel, from Debian's python3-ipykernel) as its child,
+// and exchanges a cell's code and outputs with it as JSON lines over a
+// socket pair: Jupyter's semantics for cells, without the ZeroMQ
+// transport and event loop that made a cell cost several milliseconds
+// (see kernel.py). The kernel leads a session of its own. The sweep after
+// every run spares it (see notebookProcs) and kills everything else, the
+// kernel's children included; the broker's host-side check then holds
+// the kernel's session to the kernel alone (see Strays). Between runs the
+// kernel is stopped (SIGSTOP), so no code of the session runs while no
+// call is in progress. A timeout, a dead kernel or one that closed its
+// socket ends it; the next notebook run starts a new kernel and says why
+// the old one went.
 
-//go:embed kernel_shim.py
-var kernelShim string
+//go:embed kernel.py
+var kernelScript string
 
 const (
 	// kernelInlineBackend is Jupyter's own matplotlib backend: plt.show()
 	// and the figures a cell leaves open become image/png displays.
 	kernelInlineBackend = "module://matplotlib_inline.backend_inline"
-	// maxShimLine bounds one line from the shim (a MIME value of up to
-	// 1 Mi characters, JSON-escaped); longer lines are dropped.
-	maxShimLine = 8 << 20
+	// maxKernelLine bounds one line from the kernel (a MIME value of up
+	// to 1 Mi characters, JSON-escaped); longer lines are dropped.
+	maxKernelLine = 8 << 20
 )
-
-// kernelArgs are ipykernel's options: no history database (no SQLite
-// file or thread in the sandbox) and tracebacks without ANSI colours.
-var kernelArgs = []string{"--HistoryManager.enabled=False", "--InteractiveShell.colors=NoColor"}
 
 // child is a process the agent started and waits for.
 type child struct {
@@ -80,7 +76,7 @@ func (c *child) dying(procRoot string) bool {
 	if errors.Is(err, unix.ECHILD) || (err == nil && info.Signo == int32(unix.SIGCHLD)) {
 		return true
 	}
-	status, err := os.ReadFile(filepath.Join(procRoot, strconv.Itoa(c.pid), "status"))
+	status, err := ReadProcFile(filepath.Join(procRoot, strconv.Itoa(c.pid), "status"))
 	if err != nil {
 		return errors.Is(err, os.ErrNotExist)
 	}
@@ -107,12 +103,10 @@ func (c *child) describe() string {
 
 // kernel is one running notebook kernel.
 type kernel struct {
-	dir   string // connection file and sockets
-	kern  *child // ipykernel
-	shim  *child
-	in    *os.File      // the shim's stdin
-	lines chan []byte   // the shim's stdout, one line each; closed at EOF
-	skip  chan struct{} // a line over maxShimLine was dropped
+	kern  *child
+	conn  net.Conn      // the agent's end of the kernel's socket (fd 3 there)
+	lines chan []byte   // the kernel's messages, one line each; closed at EOF
+	skip  chan struct{} // a line over maxKernelLine was dropped
 	gone  chan struct{} // closed by kill: nobody reads lines any more
 	count int           // last execution count
 }
@@ -134,9 +128,9 @@ func (s *Server) notebookRun(ctx context.Context, req Request, timeout time.Dura
 	start := time.Now()
 	deadline := start.Add(timeout)
 	started, lost := false, ""
-	if k := nb.cur; k != nil && (k.kern.dying(s.opts.ProcRoot) || k.shim.dying(s.opts.ProcRoot)) {
+	if k := nb.cur; k != nil && k.kern.dying(s.opts.ProcRoot) {
 		k.waitExit()
-		nb.end(k, "the kernel "+k.deathNote())
+		nb.end(k, "the kernel "+k.kern.describe())
 	}
 	if nb.cur == nil {
 		k, err := nb.start(ctx, deadline)
@@ -182,24 +176,15 @@ func (s *Server) sweepAfter() {
 	}
 }
 
-// waitExit waits, bounded, for whichever of k's processes is dying to be
-// collected, so that deathNote can say how it ended.
+// waitExit waits, bounded, for the dying kernel to be collected, so that
+// describe can say how it ended.
 func (k *kernel) waitExit() {
 	t := time.NewTimer(killGraceWait)
 	defer t.Stop()
 	select {
 	case <-k.kern.done:
-	case <-k.shim.done:
 	case <-t.C:
 	}
-}
-
-// deathNote describes a kernel one of whose processes has exited.
-func (k *kernel) deathNote() string {
-	if k.kern.exited() {
-		return k.kern.describe()
-	}
-	return "client " + k.shim.describe()
 }
 
 // end kills k, if it is the current kernel forgets it, and notes why.
@@ -211,23 +196,19 @@ func (nb *notebook) end(k *kernel, why string) {
 	}
 }
 
-// freeze stops the kernel and its client (SIGSTOP to their process
-// groups) once a run is over, so that between calls no code of the
-// session runs, threads a cell started included, as after a fresh run's
-// sweep. Every run ends with it (fresh runs too: their code could resume
-// the kernel), and so does a job's cleanup. The caller holds runSem.
+// freeze stops the kernel (SIGSTOP to its process group) once a run is
+// over, so that between calls no code of the session runs, threads a cell
+// started included, as after a fresh run's sweep. Every run ends with it
+// (fresh runs too: their code could resume the kernel), and so does a
+// job's cleanup. The caller holds runSem.
 func (nb *notebook) freeze() { nb.signal(syscall.SIGSTOP) }
 
 // thaw resumes a frozen kernel for a cell. The caller holds runSem.
 func (nb *notebook) thaw() { nb.signal(syscall.SIGCONT) }
 
 func (nb *notebook) signal(sig syscall.Signal) {
-	if k := nb.cur; k != nil {
-		for _, c := range []*child{k.kern, k.shim} {
-			if !c.exited() {
-				_ = syscall.Kill(-c.pid, sig)
-			}
-		}
+	if k := nb.cur; k != nil && !k.kern.exited() {
+		_ = syscall.Kill(-k.kern.pid, sig)
 	}
 }
 
@@ -240,80 +221,43 @@ func (nb *notebook) shutdown() {
 
 var errStartTimeout = errors.New("start timed out")
 
-// start starts ipykernel and the shim and waits, until deadline, for the
-// shim to report the kernel ready.
+// start starts the kernel and waits, until deadline, for it to report
+// ready.
 func (nb *notebook) start(ctx context.Context, deadline time.Time) (*kernel, error) {
 	s := nb.s
 	bin, err := lookPath("python3", envValue(s.opts.Env, "PATH"))
 	if err != nil {
 		return nil, errors.New("python3 not found on PATH")
 	}
-	dir, err := os.MkdirTemp(s.opts.TmpDir, "kernel-")
+	conn, theirs, err := childSocket(syscall.SOCK_STREAM)
 	if err != nil {
-		return nil, fmt.Errorf("kernel dir: %w", err)
-	}
-	k := &kernel{dir: dir, lines: make(chan []byte, 64), skip: make(chan struct{}, 1), gone: make(chan struct{})}
-	cf, err := writeConnectionFile(dir)
-	if err != nil {
-		os.RemoveAll(dir)
 		return nil, err
 	}
+	defer theirs.Close()
 	devnull, err := os.OpenFile(os.DevNull, os.O_RDWR, 0)
 	if err != nil {
-		os.RemoveAll(dir)
+		conn.Close()
 		return nil, err
 	}
 	defer devnull.Close()
-	env := withEnv(s.opts.Env, map[string]string{
-		"MPLBACKEND": kernelInlineBackend,
-		// debugpy, which ipykernel imports, warns about frozen modules.
-		"PYDEVD_DISABLE_FILE_VALIDATION": "1",
+	var id [8]byte
+	_, _ = rand.Read(id[:])
+	k := &kernel{conn: conn, lines: make(chan []byte, 64), skip: make(chan struct{}, 1), gone: make(chan struct{})}
+	k.kern, err = s.startChild(&exec.Cmd{
+		Path:       bin,
+		Args:       []string{"python3", "-c", kernelScript, "sandbox-kernel-" + hex.EncodeToString(id[:])},
+		Env:        withEnv(s.opts.Env, map[string]string{"MPLBACKEND": kernelInlineBackend}),
+		Dir:        s.opts.WorkDir,
+		Stdin:      devnull,
+		Stdout:     devnull,
+		Stderr:     s.log,
+		ExtraFiles: []*os.File{theirs}, // fd 3
 	})
-	k.kern, err = s.startChild(true, &exec.Cmd{
-		Path:   bin,
-		Args:   append([]string{"python3", "-m", "ipykernel_launcher", "-f", cf}, kernelArgs...),
-		Env:    env,
-		Dir:    s.opts.WorkDir,
-		Stdin:  devnull,
-		Stdout: devnull,
-		Stderr: s.log,
-	})
 	if err != nil {
-		os.RemoveAll(dir)
-		return nil, fmt.Errorf("start ipykernel: %w", err)
+		conn.Close()
+		return nil, fmt.Errorf("start the kernel: %w", err)
 	}
-	inR, inW, err := os.Pipe()
-	if err != nil {
-		k.kill()
-		return nil, err
-	}
-	outR, outW, err := os.Pipe()
-	if err != nil {
-		inR.Close()
-		inW.Close()
-		k.kill()
-		return nil, err
-	}
-	wait := time.Until(deadline).Seconds()
-	k.shim, err = s.startChild(false, &exec.Cmd{
-		Path:   bin,
-		Args:   []string{"python3", "-s", "-c", kernelShim, cf, strconv.FormatFloat(max(wait, 1), 'f', 1, 64)}, // -s: no user site (cells write it)
-		Env:    s.opts.Env,
-		Dir:    "/",
-		Stdin:  inR,
-		Stdout: outW,
-		Stderr: s.log,
-	})
-	inR.Close()
-	outW.Close()
-	if err != nil {
-		inW.Close()
-		outR.Close()
-		k.kill()
-		return nil, fmt.Errorf("start kernel client: %w", err)
-	}
-	k.in = inW
-	go k.readLines(outR)
+	go k.readLines(conn)
 
 	t := time.NewTimer(time.Until(deadline))
 	defer t.Stop()
@@ -322,7 +266,7 @@ func (nb *notebook) start(ctx context.Context, deadline time.Time) (*kernel, err
 		case line, ok := <-k.lines:
 			if !ok {
 				k.kill()
-				return nil, fmt.Errorf("the kernel client %s during start-up", k.waitShim())
+				return nil, fmt.Errorf("the kernel %s during start-up", k.waitKernel())
 			}
 			var m struct {
 				T     string `json:"t"`
@@ -336,11 +280,11 @@ func (nb *notebook) start(ctx context.Context, deadline time.Time) (*kernel, err
 				return k, nil
 			case "fatal":
 				k.kill()
-				return nil, fmt.Errorf("the kernel did not start: %s", truncate(m.Error, 300))
+				return nil, fmt.Errorf("the kernel did not start: %s (is python3-ipykernel installed in the sandbox image?)", truncate(m.Error, 300))
 			}
 		case <-k.kern.done:
 			k.kill()
-			return nil, fmt.Errorf("ipykernel %s during start-up (is python3-ipykernel installed in the sandbox image?)", k.kern.describe())
+			return nil, fmt.Errorf("the kernel %s during start-up (is python3-ipykernel installed in the sandbox image?)", k.kern.describe())
 		case <-t.C:
 			k.kill()
 			return nil, errStartTimeout
@@ -351,42 +295,21 @@ func (nb *notebook) start(ctx context.Context, deadline time.Time) (*kernel, err
 	}
 }
 
-// waitShim describes the shim's end once it has been waited for (bounded).
-func (k *kernel) waitShim() string {
+// waitKernel describes the kernel's end once it has been waited for
+// (bounded).
+func (k *kernel) waitKernel() string {
 	select {
-	case <-k.shim.done:
-		return k.shim.describe()
+	case <-k.kern.done:
+		return k.kern.describe()
 	case <-time.After(killGraceWait):
-		return "closed its output"
+		return "closed its socket"
 	}
 }
 
-// writeConnectionFile writes a Jupyter connection file for the ipc
-// transport into dir, with a fresh HMAC key, readable by its owner only.
-func writeConnectionFile(dir string) (string, error) {
-	var key [32]byte
-	if _, err := rand.Read(key[:]); err != nil {
-		return "", err
-	}
-	b, err := json.Marshal(map[string]any{
-		"transport": "ipc", "ip": filepath.Join(dir, "k"),
-		"shell_port": 1, "iopub_port": 2, "stdin_port": 3, "control_port": 4, "hb_port": 5,
-		"key": hex.EncodeToString(key[:]), "signature_scheme": "hmac-sha256", "kernel_name": "python3",
-	})
-	if err != nil {
-		return "", err
-	}
-	p := filepath.Join(dir, "kernel.json")
-	if err := os.WriteFile(p, b, 0o600); err != nil {
-		return "", fmt.Errorf("connection file: %w", err)
-	}
-	return p, nil
-}
-
-// startChild starts c leading a session (setsid) or else a process group
-// of its own, and registers it with the sweep as a notebook process.
-func (s *Server) startChild(setsid bool, c *exec.Cmd) (*child, error) {
-	c.SysProcAttr = &syscall.SysProcAttr{Setsid: setsid, Setpgid: !setsid}
+// startChild starts c leading a session of its own and registers it with
+// the sweep as the notebook kernel.
+func (s *Server) startChild(c *exec.Cmd) (*child, error) {
+	c.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	c.WaitDelay = time.Second
 	return startRegistered(c, notebookProcs)
 }
@@ -417,26 +340,17 @@ func startRegistered(c *exec.Cmd, set map[int]bool) (*child, error) {
 	return ch, nil
 }
 
-// kill ends both processes (SIGKILL to their process groups), waits for
-// them (bounded) and removes the kernel's directory. Call it once.
+// kill ends the kernel (SIGKILL to its process group), waits for it
+// (bounded) and closes the agent's end of its socket. Call it once.
 func (k *kernel) kill() {
 	close(k.gone)
-	for _, c := range []*child{k.kern, k.shim} {
-		if c != nil {
-			_ = syscall.Kill(-c.pid, syscall.SIGKILL)
-			_ = syscall.Kill(c.pid, syscall.SIGKILL)
+	if c := k.kern; c != nil {
+		_ = syscall.Kill(-c.pid, syscall.SIGKILL)
+		_ = syscall.Kill(c.pid, syscall.SIGKILL)
+		select {
+		case <-c.done:
+		case <-time.After(killGraceWait):
 		}
 	}
-	for _, c := range []*child{k.kern, k.shim} {
-		if c != nil {
-			select {
-			case <-c.done:
-			case <-time.After(killGraceWait):
-			}
-		}
-	}
-	if k.in != nil {
-		k.in.Close()
-	}
-	os.RemoveAll(k.dir)
+	k.conn.Close()
 }

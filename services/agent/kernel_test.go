@@ -24,9 +24,9 @@ func requireHostPython(t testing.TB, modules ...string) {
 }
 
 // notebookAgent is an agent that runs Debian's python3 (the one with
-// ipykernel), without a zygote.
+// ipykernel's IPython), without a zygote.
 func notebookAgent(t testing.TB) *testAgent {
-	requireHostPython(t, "ipykernel", "jupyter_client")
+	requireHostPython(t, "IPython", "matplotlib_inline")
 	env := BaseEnv(func(k string) string {
 		if k == "PATH" {
 			return "/usr/bin:/bin"
@@ -201,8 +201,40 @@ func TestNotebookKernelIsStoppedBetweenRuns(t *testing.T) {
 	}
 }
 
+// TestNotebookCellOutputsAndKernelSocket: a cell's output is what it
+// wrote, from Python and from its subprocesses alike, within the cap
+// (the rest marked truncated); input() is refused as in Jupyter; a cell
+// that closes the kernel's socket ends the kernel, and the next cell says
+// why.
+func TestNotebookCellOutputsAndKernelSocket(t *testing.T) {
+	ta := notebookAgent(t)
+	r := ta.run(t, cellReq("import os, sys\nprint('py')\nos.system('echo sub; echo err >&2')\nprint('py-err', file=sys.stderr)\n!echo bang"))
+	// `!` commands run in a pty, as under ipykernel: their lines end in \r\n.
+	if r.ExitCode != 0 || string(r.Stdout) != "py\nsub\nbang\r\n" || string(r.Stderr) != "err\npy-err\n" {
+		t.Fatalf("outputs: %+v stdout %q stderr %q", r, r.Stdout, r.Stderr)
+	}
+	req := cellReq("print('x' * 100000)")
+	req.MaxOutputBytes = 1000
+	if r = ta.run(t, req); len(r.Stdout) != 1000 || !r.Truncated {
+		t.Fatalf("capped output: %d bytes, truncated %v", len(r.Stdout), r.Truncated)
+	}
+	if r = ta.run(t, cellReq("input()")); r.Exception == nil || r.Exception.Name != "StdinNotImplementedError" {
+		t.Fatalf("input(): %+v %+v", r, r.Exception)
+	}
+	// Without its socket the kernel cannot answer: it exits.
+	r = ta.run(t, cellReq("import os\nos.close(3)"))
+	if r.Kernel == nil || r.Kernel.Ended == "" || r.ExitCode != -1 {
+		t.Fatalf("socket closed: %+v %+v", r, r.Kernel)
+	}
+	ended := r.Kernel.Ended
+	r = ta.run(t, cellReq("'os' in globals()"))
+	if r.Kernel == nil || !r.Kernel.Started || r.Kernel.Lost != ended || r.Displays[0].Data["text/plain"] != "False" {
+		t.Fatalf("after the socket closed: %+v %+v", r, r.Kernel)
+	}
+}
+
 // BenchmarkNotebookCell is a warm cell through the agent alone (socket,
-// shim, kernel, sweep, freeze): what notebook mode adds below the broker.
+// kernel, sweep, freeze): what notebook mode adds below the broker.
 func BenchmarkNotebookCell(b *testing.B) {
 	ta := notebookAgent(b)
 	ta.run(b, cellReq("1"))

@@ -41,8 +41,9 @@ type Request struct {
 const (
 	// ModeFresh runs the code in a new process, as `python3 main.py` would.
 	ModeFresh = sandbox.ModeFresh
-	// ModeNotebook runs the code as a cell of the agent's Jupyter kernel
-	// (ipykernel), started on first use, which keeps its state across runs.
+	// ModeNotebook runs the code as a cell of the agent's Python kernel
+	// (IPython's InteractiveShell, see kernel.py), started on first use,
+	// which keeps its state across runs.
 	ModeNotebook = sandbox.ModeNotebook
 )
 
@@ -95,8 +96,8 @@ const (
 	DisplayData   = sandbox.DisplayData
 )
 
-// DisplayMIMETypes are the MIME types a Display may carry (kernel_shim.py
-// keeps the same list).
+// DisplayMIMETypes are the MIME types a Display may carry (kernel.py keeps
+// the same list).
 var DisplayMIMETypes = []string{"text/plain", "text/html", "image/png", "image/jpeg"}
 
 // Exception is Jupyter's error content without the traceback.
