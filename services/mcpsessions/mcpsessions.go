@@ -49,6 +49,14 @@ var ErrNotFound = errors.New("session not found")
 type Store struct {
 	db  *sql.DB
 	now func() time.Time
+	st  statements
+}
+
+// statements are prepared once: Touch and Validate run on every request.
+type statements struct {
+	all                            statedb.Stmts
+	insert, validate, terminate    *sql.Stmt
+	seen, touch, bind, trim, prune *sql.Stmt
 }
 
 // Open opens the store at loc (a state.db path or a DATABASE_URL); now
@@ -61,11 +69,27 @@ func Open(ctx context.Context, loc string, now func() time.Time) (*Store, error)
 	if err != nil {
 		return nil, fmt.Errorf("mcp sessions: %w", err)
 	}
-	return &Store{db: db, now: now}, nil
+	s := &Store{db: db, now: now}
+	st := &s.st
+	st.all, err = statedb.Prepare(ctx, db,
+		statedb.Query{Dst: &st.insert, SQL: `INSERT INTO mcp_sessions (id, principal, last_seen) VALUES (?, '', ?)`},
+		statedb.Query{Dst: &st.validate, SQL: `SELECT terminated FROM mcp_sessions WHERE id = ? AND last_seen >= ?`},
+		statedb.Query{Dst: &st.terminate, SQL: `UPDATE mcp_sessions SET terminated = 1 WHERE id = ?`},
+		statedb.Query{Dst: &st.seen, SQL: `SELECT last_seen FROM mcp_sessions WHERE id = ? AND principal = ? AND terminated = 0 AND last_seen >= ?`},
+		statedb.Query{Dst: &st.touch, SQL: `UPDATE mcp_sessions SET last_seen = ? WHERE id = ?`},
+		statedb.Query{Dst: &st.bind, SQL: `UPDATE mcp_sessions SET principal = ?, last_seen = ? WHERE id = ? AND principal = ''`},
+		statedb.Query{Dst: &st.trim, SQL: `DELETE FROM mcp_sessions WHERE principal = ?1 AND id NOT IN
+		(SELECT id FROM mcp_sessions WHERE principal = ?1 ORDER BY last_seen DESC, id LIMIT ?2)`},
+		statedb.Query{Dst: &st.prune, SQL: `DELETE FROM mcp_sessions WHERE last_seen < ?`})
+	if err != nil {
+		db.Close()
+		return nil, fmt.Errorf("mcp sessions: %w", err)
+	}
+	return s, nil
 }
 
 // Close closes the store.
-func (s *Store) Close() error { return s.db.Close() }
+func (s *Store) Close() error { return errors.Join(s.st.all.Close(), s.db.Close()) }
 
 // Generate returns a new 128-bit random session ID, live and unowned.
 func (s *Store) Generate() string {
@@ -76,7 +100,7 @@ func (s *Store) Generate() string {
 	defer cancel()
 	// A failed insert leaves an ID that Validate rejects: the client's
 	// next request gets 404 and initializes again.
-	_, _ = s.db.ExecContext(ctx, `INSERT INTO mcp_sessions (id, principal, last_seen) VALUES (?, '', ?)`, id, s.now().UnixMilli())
+	_, _ = s.st.insert.ExecContext(ctx, id, s.now().UnixMilli())
 	return id
 }
 
@@ -89,8 +113,7 @@ func (s *Store) Validate(id string) (bool, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), opTimeout)
 	defer cancel()
 	var terminated int
-	err := s.db.QueryRowContext(ctx, `SELECT terminated FROM mcp_sessions WHERE id = ? AND last_seen >= ?`,
-		id, s.now().Add(-IdleTTL).UnixMilli()).Scan(&terminated)
+	err := s.st.validate.QueryRowContext(ctx, id, s.now().Add(-IdleTTL).UnixMilli()).Scan(&terminated)
 	if errors.Is(err, sql.ErrNoRows) {
 		return false, ErrNotFound
 	}
@@ -101,7 +124,7 @@ func (s *Store) Validate(id string) (bool, error) {
 func (s *Store) Terminate(id string) (bool, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), opTimeout)
 	defer cancel()
-	_, err := s.db.ExecContext(ctx, `UPDATE mcp_sessions SET terminated = 1 WHERE id = ?`, id)
+	_, err := s.st.terminate.ExecContext(ctx, id)
 	return false, statedb.Classify(err)
 }
 
@@ -115,12 +138,10 @@ func (s *Store) Bind(ctx context.Context, id, principal string) error {
 		return statedb.Classify(err)
 	}
 	defer tx.Rollback()
-	if _, err := tx.ExecContext(ctx, `UPDATE mcp_sessions SET principal = ?, last_seen = ? WHERE id = ? AND principal = ''`,
-		principal, s.now().UnixMilli(), id); err != nil {
+	if _, err := tx.StmtContext(ctx, s.st.bind).ExecContext(ctx, principal, s.now().UnixMilli(), id); err != nil {
 		return statedb.Classify(err)
 	}
-	if _, err := tx.ExecContext(ctx, `DELETE FROM mcp_sessions WHERE principal = ?1 AND id NOT IN
-		(SELECT id FROM mcp_sessions WHERE principal = ?1 ORDER BY last_seen DESC, id LIMIT ?2)`, principal, PerPrincipal); err != nil {
+	if _, err := tx.StmtContext(ctx, s.st.trim).ExecContext(ctx, principal, PerPrincipal); err != nil {
 		return statedb.Classify(err)
 	}
 	return statedb.Classify(tx.Commit())
@@ -132,8 +153,7 @@ func (s *Store) Touch(ctx context.Context, id, principal string) error {
 	defer cancel()
 	now := s.now()
 	var seen int64
-	err := s.db.QueryRowContext(ctx, `SELECT last_seen FROM mcp_sessions WHERE id = ? AND principal = ? AND terminated = 0 AND last_seen >= ?`,
-		id, principal, now.Add(-IdleTTL).UnixMilli()).Scan(&seen)
+	err := s.st.seen.QueryRowContext(ctx, id, principal, now.Add(-IdleTTL).UnixMilli()).Scan(&seen)
 	if errors.Is(err, sql.ErrNoRows) {
 		return ErrNotFound
 	}
@@ -141,7 +161,7 @@ func (s *Store) Touch(ctx context.Context, id, principal string) error {
 		return statedb.Classify(err)
 	}
 	if now.UnixMilli()-seen >= touchEvery.Milliseconds() {
-		_, err = s.db.ExecContext(ctx, `UPDATE mcp_sessions SET last_seen = ? WHERE id = ?`, now.UnixMilli(), id)
+		_, err = s.st.touch.ExecContext(ctx, now.UnixMilli(), id)
 	}
 	return statedb.Classify(err)
 }
@@ -151,7 +171,7 @@ func (s *Store) Touch(ctx context.Context, id, principal string) error {
 func (s *Store) Prune(ctx context.Context) {
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
-	_, _ = s.db.ExecContext(ctx, `DELETE FROM mcp_sessions WHERE last_seen < ?`, s.now().Add(-IdleTTL).UnixMilli())
+	_, _ = s.st.prune.ExecContext(ctx, s.now().Add(-IdleTTL).UnixMilli())
 }
 
 // Ping checks the store.
