@@ -10,7 +10,7 @@ import (
 func BenchmarkExecPrint1(b *testing.B) {
 	be := newBackend(b, nil)
 	s := open(b, be)
-	exec1(b, s, "python", "print(1)", 10*time.Second)
+	waitZygote(b, s)
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
 		if res := exec1(b, s, "python", "print(1)", 10*time.Second); string(res.Stdout) != "1\n" {

@@ -219,6 +219,20 @@ func exec1(t testing.TB, s sandbox.Session, lang, code string, timeout time.Dura
 	return res
 }
 
+// waitZygote runs Python in s until the sandbox's zygote (its command line
+// says so) forks the runs, for at most two minutes: a benchmark then times
+// warm runs, not python3 started while the preload is under way.
+func waitZygote(t testing.TB, s sandbox.Session) {
+	t.Helper()
+	const fromZygote = "import os\nprint(b'Python zygote' in open('/proc/%d/cmdline' % os.getppid(), 'rb').read())"
+	for deadline := time.Now().Add(2 * time.Minute); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		if string(exec1(t, s, "python", fromZygote, 20*time.Second).Stdout) == "True\n" {
+			return
+		}
+	}
+	t.Fatal("the zygote did not take a run within two minutes")
+}
+
 // current is the session's one running sandbox.
 func current(t testing.TB, s *Session) *sbx {
 	t.Helper()

@@ -716,7 +716,7 @@ print("sent")
 func BenchmarkExecPrint(b *testing.B) {
 	be := newBackend(b, nil)
 	s := open(b, be)
-	exec1(b, s, "python", "print(1)", 20*time.Second) // start + warm
+	waitZygote(b, s)
 	lat := make([]time.Duration, 0, b.N)
 	b.ResetTimer()
 	for range b.N {
@@ -751,6 +751,8 @@ func BenchmarkExecPrintRootfs(b *testing.B) {
 	for _, c := range cases {
 		exec1(b, c.s, c.lang, c.code, time.Minute) // start + warm
 	}
+	waitZygote(b, host)
+	waitZygote(b, rootfs)
 	b.ResetTimer()
 	for range b.N {
 		for i, c := range cases {
