@@ -4,7 +4,9 @@
 FROM debian:bookworm-slim
 RUN find / -xdev -perm /6000 -type f -exec chmod a-s {} + \
  && mkdir -p /var/lib/sandbox-broker && chmod 0700 /var/lib/sandbox-broker
-COPY bin/sandbox-broker /usr/local/bin/sandbox-broker
+# sandbox-agent is the in-sandbox agent built alone: the broker copies it
+# into its sandboxes (and pods' init containers copy it from here).
+COPY bin/sandbox-broker bin/sandbox-agent /usr/local/bin/
 ENV SANDBOX_ROOT=/var/lib/sandbox-broker \
     MCP_HTTP_ADDR=0.0.0.0:8080
 EXPOSE 8080

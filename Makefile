@@ -8,7 +8,7 @@ STATICCHECK ?= $(shell command -v staticcheck 2>/dev/null || echo $(HOME)/go/bin
 .PHONY: build run test lint fuzz fuzz-smoke bench bench-agent docs runners image clean
 
 build:
-	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o bin/sandbox-broker ./cmd/sandbox-broker
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o bin/ ./cmd/sandbox-broker ./cmd/sandbox-agent
 
 run:
 	$(GO) run ./cmd/sandbox-broker serve

@@ -38,7 +38,8 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	brokerBin = filepath.Join(dir, "sandbox-broker")
-	build := exec.Command("go", "build", "-o", brokerBin, "../cmd/sandbox-broker")
+	// With the agent built alone beside it, as `make build` leaves them.
+	build := exec.Command("go", "build", "-o", dir+"/", "../cmd/sandbox-broker", "../cmd/sandbox-agent")
 	build.Stdout, build.Stderr = os.Stderr, os.Stderr
 	if err := build.Run(); err != nil {
 		fmt.Fprintln(os.Stderr, "build broker:", err)

@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -15,14 +16,17 @@ import (
 )
 
 // TestPodAgentCatchesTermAndInt: a pod's agent outlasts SIGTERM (see
-// agentCmd) by catching it, never by ignoring it, since an ignored
+// agent.Main) by catching it, never by ignoring it, since an ignored
 // signal stays ignored in every run and job the agent starts (the job
 // tools' INT and TERM would do nothing there). Read from the kernel's own
 // account of the agent's dispositions (/proc/PID/status).
 func TestPodAgentCatchesTermAndInt(t *testing.T) {
+	podArgs := func(dir string) []string {
+		return []string{"agent", "--listen", "127.0.0.1:0", "--language", "bash", "--no-zygote",
+			"--sweep", "descendants", "--workdir", dir, "--tmpdir", dir}
+	}
 	if dir := os.Getenv("SANDBOX_BROKER_TEST_POD_AGENT"); dir != "" {
-		os.Exit(run([]string{"agent", "--listen", "127.0.0.1:0", "--language", "bash", "--no-zygote",
-			"--sweep", "descendants", "--workdir", dir, "--tmpdir", dir}, os.Stdin, os.Stdout, os.Stderr, os.Getenv))
+		os.Exit(run(podArgs(dir), os.Stdin, os.Stdout, os.Stderr, os.Getenv))
 	}
 	secret := make([]byte, 32)
 	_, _ = rand.Read(secret)
@@ -30,8 +34,28 @@ func TestPodAgentCatchesTermAndInt(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(os.Args[0], "-test.run=^TestPodAgentCatchesTermAndInt$")
-	cmd.Env = append(os.Environ(), "SANDBOX_BROKER_TEST_POD_AGENT="+t.TempDir(), agent.CAEnv+"="+string(ca.CertPEM()))
+	caEnv := agent.CAEnv + "=" + string(ca.CertPEM())
+	// The agent built alone (cmd/sandbox-agent) sets up its signals in its
+	// own main.
+	alone := filepath.Join(t.TempDir(), agent.BinaryName)
+	if out, err := exec.Command("go", "build", "-o", alone, "../sandbox-agent").CombinedOutput(); err != nil {
+		t.Fatalf("build sandbox-agent: %v\n%s", err, out)
+	}
+	t.Run("sandbox-broker agent", func(t *testing.T) {
+		cmd := exec.Command(os.Args[0], "-test.run=^TestPodAgentCatchesTermAndInt$")
+		cmd.Env = append(os.Environ(), "SANDBOX_BROKER_TEST_POD_AGENT="+t.TempDir(), caEnv)
+		checkCatchesTermAndInt(t, cmd)
+	})
+	t.Run("sandbox-agent agent", func(t *testing.T) {
+		cmd := exec.Command(alone, podArgs(t.TempDir())...)
+		cmd.Env = append(os.Environ(), caEnv)
+		checkCatchesTermAndInt(t, cmd)
+	})
+}
+
+// checkCatchesTermAndInt starts cmd, a pod agent, and checks its
+// dispositions once it is set up.
+func checkCatchesTermAndInt(t *testing.T, cmd *exec.Cmd) {
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)

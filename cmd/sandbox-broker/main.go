@@ -10,6 +10,7 @@ import (
 	"os/signal"
 	"syscall"
 
+	"github.com/sandbox-broker/sandbox-broker/services/agent"
 	"github.com/sandbox-broker/sandbox-broker/services/inherited"
 )
 
@@ -61,7 +62,7 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer, getenv func(s
 	case "audit":
 		return auditCmd(ctx, args[1:], stdout, stderr, getenv)
 	case "agent":
-		return agentCmd(ctx, args[1:], stdin, stdout, stderr)
+		return agent.Main(ctx, args[1:], stdin, stdout, stderr)
 	case "docs":
 		return docsCmd(args[1:], stdout, stderr)
 	case "seccomp-profile":

@@ -37,3 +37,21 @@ func Install(src, dst string) error {
 	}
 	return os.Rename(tmp.Name(), dst)
 }
+
+// BinaryName is the file name of the agent built alone (cmd/sandbox-agent).
+const BinaryName = "sandbox-agent"
+
+// Binary returns the agent binary to put in sandboxes, given the running
+// executable exe: the agent built alone (BinaryName) when it is a regular
+// file beside exe, else exe itself, whose `agent` command is the same
+// agent. The agent alone starts in a few milliseconds where the broker's
+// binary takes tens (every package the broker links runs its initialisers
+// at each start, the agent included) and maps a fraction of the memory:
+// every sandbox start and every idle sandbox pays for that.
+func Binary(exe string) string {
+	alone := filepath.Join(filepath.Dir(exe), BinaryName)
+	if st, err := os.Stat(alone); err == nil && st.Mode().IsRegular() {
+		return alone
+	}
+	return exe
+}

@@ -1,6 +1,7 @@
 // Package agent is the process that runs inside every sandbox container
-// (`sandbox-broker agent`) and the broker's client for it. The broker
-// bind-mounts its own binary read-only at /opt/sandbox/broker and a
+// (`sandbox-broker agent`, or cmd/sandbox-agent: the agent built alone) and
+// the broker's client for it. The broker bind-mounts the agent binary (see
+// Binary) read-only at /opt/sandbox/broker and a
 // per-container socket directory at /run/sandbox; the agent listens on
 // /run/sandbox/agent.sock. The agent runs as the sandbox user, so the
 // broker treats everything it says as hostile: sizes are capped and every

@@ -55,7 +55,7 @@ const (
 // Options configure an Engine.
 type Options struct {
 	Root        string // SANDBOX_ROOT; <Root>/run/<id> socket dirs, <Root>/pool/<id> pool workspaces
-	AgentBinary string // host path of the broker binary, bind-mounted read-only at /opt/sandbox/broker
+	AgentBinary string // host path of the agent binary (agent.Binary), bind-mounted read-only at /opt/sandbox/broker
 	PoolSize    int    // warm containers per language (the config default is 1; 0 or less disables the pool)
 	Memory      int64  // bytes; default 512 MiB; MemorySwap = Memory
 	NanoCPUs    int64  // default 1 CPU

@@ -43,21 +43,21 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// buildAgent builds the real broker (CGO off, so it runs in any image) or
-// falls back to this test binary. SANDBOX_TEST_AGENT=test-binary forces
-// the fallback.
+// buildAgent builds the agent (cmd/sandbox-agent, CGO off, so it runs in
+// any image) or falls back to this test binary.
+// SANDBOX_TEST_AGENT=test-binary forces the fallback.
 func buildAgent(dir string) (string, string) {
 	if v := os.Getenv("SANDBOX_TEST_AGENT_BINARY"); v != "" {
 		return v, "given"
 	}
 	if os.Getenv("SANDBOX_TEST_AGENT") != "test-binary" {
-		out := filepath.Join(dir, "sandbox-broker")
-		cmd := exec.Command("go", "build", "-o", out, "github.com/sandbox-broker/sandbox-broker/cmd/sandbox-broker")
+		out := filepath.Join(dir, "sandbox-agent")
+		cmd := exec.Command("go", "build", "-o", out, "github.com/sandbox-broker/sandbox-broker/cmd/sandbox-agent")
 		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 		if b, err := cmd.CombinedOutput(); err == nil {
 			return out, "real"
 		} else {
-			fmt.Fprintf(os.Stderr, "docker tests: real broker does not build, running the agent from this test binary:\n%s\n", lastLines(string(b), 5))
+			fmt.Fprintf(os.Stderr, "docker tests: the agent does not build, running the agent from this test binary:\n%s\n", lastLines(string(b), 5))
 		}
 	}
 	exe, err := os.Executable()

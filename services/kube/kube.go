@@ -2,8 +2,9 @@
 // every session's sandbox is a pod per language in one namespace, claimed
 // from an agent-sandbox SandboxWarmPool through a SandboxClaim when those
 // CRDs are installed and a pool exists for the language, else created as a
-// plain Pod. The pod runs the broker's own binary as the in-sandbox agent
-// (copied from the broker's image by an init container: no host mounts),
+// plain Pod. The pod runs the agent binary as the in-sandbox agent
+// (agent.Binary, copied from the broker's image by an init container: no
+// host mounts),
 // which the broker reaches over the pod network with mutual TLS (per-pod
 // certificates from the broker CA, services/podca), never through the
 // Kubernetes API's exec. The broker keeps each workspace on its own disk,
@@ -56,7 +57,8 @@ type Options struct {
 	// Runners maps each language to its runner image (required).
 	Runners map[string]string
 	// AgentImage holds the broker binary at AgentImagePath; an init
-	// container copies it into the pod.
+	// container runs its `agent install`, which copies the agent binary
+	// (the agent built alone beside it, else itself) into the pod.
 	AgentImage      string
 	AgentImagePath  string            // default /usr/local/bin/sandbox-broker
 	ImagePullPolicy corev1.PullPolicy // default IfNotPresent

@@ -53,18 +53,19 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// buildAgent builds the real broker (CGO off) or falls back to this binary.
+// buildAgent builds the agent (cmd/sandbox-agent, CGO off) or falls back to
+// this binary.
 func buildAgent(dir string) string {
 	if v := os.Getenv("SANDBOX_TEST_AGENT_BINARY"); v != "" {
 		return v
 	}
-	out := filepath.Join(dir, "sandbox-broker")
-	cmd := exec.Command("go", "build", "-o", out, "github.com/sandbox-broker/sandbox-broker/cmd/sandbox-broker")
+	out := filepath.Join(dir, "sandbox-agent")
+	cmd := exec.Command("go", "build", "-o", out, "github.com/sandbox-broker/sandbox-broker/cmd/sandbox-agent")
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if b, err := cmd.CombinedOutput(); err == nil {
 		return out
 	} else {
-		fmt.Fprintf(os.Stderr, "process tests: the broker does not build; the test binary serves as the agent:\n%s\n", lastLines(string(b), 5))
+		fmt.Fprintf(os.Stderr, "process tests: the agent does not build; the test binary serves as the agent:\n%s\n", lastLines(string(b), 5))
 	}
 	exe, err := os.Executable()
 	if err != nil {

@@ -36,7 +36,7 @@ type Options struct {
 	// files, <Root>/bin the agent binary, <Root>/etc-sandbox the synthetic
 	// /etc. Root and its parents must be traversable by UID.
 	Root string
-	// AgentBinary is the host path of the broker binary; New installs a
+	// AgentBinary is the host path of the agent binary; New installs a
 	// copy at <Root>/bin/sandbox-agent (unless it already is that file),
 	// which is bind-mounted read-only at AgentPath.
 	AgentBinary string

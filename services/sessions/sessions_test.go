@@ -50,8 +50,8 @@ func newManagerOn(t *testing.T, loc string, clk *clock, onCreate func(context.Co
 		t.Skip("no Docker daemon")
 	}
 	root := t.TempDir()
-	bin := filepath.Join(t.TempDir(), "sandbox-broker")
-	build := exec.Command("go", "build", "-o", bin, "github.com/sandbox-broker/sandbox-broker/cmd/sandbox-broker")
+	bin := filepath.Join(t.TempDir(), "sandbox-agent")
+	build := exec.Command("go", "build", "-o", bin, "github.com/sandbox-broker/sandbox-broker/cmd/sandbox-agent")
 	build.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("build agent: %v\n%s", err, out)

@@ -40,7 +40,7 @@ type Options struct {
 	// provider's Docker engine sweeps orphans by this root, so it must not
 	// be the main engine's.
 	Root string
-	// AgentBinary is the broker binary mounted into containers.
+	// AgentBinary is the agent binary mounted into containers.
 	AgentBinary string
 	// Link returns the broker's signed preview link for a project ID.
 	Link func(id string) (string, error)

@@ -1,4 +1,4 @@
-package main
+package agent
 
 import (
 	"context"
@@ -7,24 +7,23 @@ import (
 	"io"
 	"os"
 	"path/filepath"
-
-	"github.com/sandbox-broker/sandbox-broker/services/agent"
 )
 
-// agentCmd runs the in-sandbox agent: `sandbox-broker agent [--socket path
+// Main runs the in-sandbox agent: `sandbox-broker agent [--socket path
 // | --listen addr] [--language lang] [--workdir dir] [--sweep
 // auto|container|descendants] [--no-zygote] [--allow-sandbox-clients]
 // [--warm-on-request] [--idle-release duration]`. It is the sandbox
 // container's main process. `sandbox-broker agent sessions` instead answers
 // each line on stdin with the live session IDs in its PID namespace (the
 // Docker engine's stray check under gVisor); `sandbox-broker agent install
-// <path>` copies this binary to path (a Kubernetes pod's init container:
-// pods get the agent from the broker's image, not a host mount).
-func agentCmd(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+// <path>` copies the agent binary (see Binary) to path (a Kubernetes pod's
+// init container: pods get the agent from the broker's image, not a host
+// mount). `sandbox-agent agent …` (cmd/sandbox-agent) is the same command.
+func Main(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	if len(args) == 2 && args[0] == "install" {
 		exe, err := os.Executable()
 		if err == nil {
-			err = agent.Install(exe, args[1])
+			err = Install(Binary(exe), args[1])
 		}
 		if err != nil {
 			fmt.Fprintln(stderr, "agent: install:", err)
@@ -32,8 +31,8 @@ func agentCmd(ctx context.Context, args []string, stdin io.Reader, stdout, stder
 		}
 		return 0
 	}
-	if len(args) == 1 && args[0] == agent.SessionsCommand {
-		if err := agent.ServeSessions(stdin, stdout); err != nil {
+	if len(args) == 1 && args[0] == SessionsCommand {
+		if err := ServeSessions(stdin, stdout); err != nil {
 			fmt.Fprintln(stderr, "agent:", err)
 			return 1
 		}
@@ -41,14 +40,14 @@ func agentCmd(ctx context.Context, args []string, stdin io.Reader, stdout, stder
 	}
 	fs := flag.NewFlagSet("agent", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	socket := fs.String("socket", filepath.Join(agent.SocketDir, agent.SocketName), "unix socket to listen on")
+	socket := fs.String("socket", filepath.Join(SocketDir, SocketName), "unix socket to listen on")
 	language := fs.String("language", "", "sandbox language: python, typescript, javascript or bash")
-	workdir := fs.String("workdir", agent.WorkDir, "working directory of every run")
+	workdir := fs.String("workdir", WorkDir, "working directory of every run")
 	tmpdir := fs.String("tmpdir", "/tmp", "directory for the per-run code directories")
 	sweep := fs.String("sweep", "auto", "which processes are killed after every run: container (all but the agent, PID 1 and the zygote), descendants (the agent's descendants only), auto (container when the agent is PID 1 or a child of PID 1 and not root)")
 	noZygote := fs.Bool("no-zygote", false, "do not start the Python zygote")
 	allowLocal := fs.Bool("allow-sandbox-clients", false, "in container sweep mode, also accept requests from processes inside the sandbox's PID namespace (refused by default)")
-	listen := fs.String("listen", "", "pod mode: listen on this TCP address with mutual TLS instead of the socket (the broker CA comes from $"+agent.CAEnv+")")
+	listen := fs.String("listen", "", "pod mode: listen on this TCP address with mutual TLS instead of the socket (the broker CA comes from $"+CAEnv+")")
 	warmOnRequest := fs.Bool("warm-on-request", false, "start the language's runtime (Python zygote, Node resident) only when a ping asks for it")
 	idleRelease := fs.Duration("idle-release", 0, "stop the language's runtime after this long without a run (0: never)")
 	if err := fs.Parse(args); err != nil {
@@ -58,12 +57,12 @@ func agentCmd(ctx context.Context, args []string, stdin io.Reader, stdout, stder
 		fmt.Fprintf(stderr, "agent: unexpected arguments %q\n", fs.Args())
 		return 2
 	}
-	mode, err := agent.ParseSweepMode(*sweep)
+	mode, err := ParseSweepMode(*sweep)
 	if err != nil {
 		fmt.Fprintln(stderr, "agent:", err)
 		return 2
 	}
-	opts := agent.Options{
+	opts := Options{
 		Socket:          *socket,
 		Language:        *language,
 		WorkDir:         *workdir,
@@ -83,15 +82,15 @@ func agentCmd(ctx context.Context, args []string, stdin io.Reader, stdout, stder
 		// The signals stay caught, not ignored: an ignored signal would
 		// stay ignored in every run and job the agent starts.
 		ctx = context.WithoutCancel(ctx)
-		if err = agent.SetPodLimits(); err == nil {
-			opts.Pod, opts.Listener, err = agent.StartPod(*listen, []byte(os.Getenv(agent.CAEnv)), stdout)
+		if err = SetPodLimits(); err == nil {
+			opts.Pod, opts.Listener, err = StartPod(*listen, []byte(os.Getenv(CAEnv)), stdout)
 		}
 		if err != nil {
 			fmt.Fprintln(stderr, "agent:", err)
 			return 1
 		}
 	}
-	err = agent.Serve(ctx, opts)
+	err = Serve(ctx, opts)
 	if err != nil && ctx.Err() == nil {
 		fmt.Fprintln(stderr, err)
 		return 1
