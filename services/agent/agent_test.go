@@ -460,6 +460,34 @@ func TestZygote(t *testing.T) {
 			}
 		}
 	})
+	t.Run("tampered-zygote", func(t *testing.T) {
+		// Code of a run lowers its zygote's limits, which every later
+		// spare would be born with: the zygote exits at its next fork,
+		// and no run gets the lowered limits.
+		resp := ta.run(t, py("import os, resource\nresource.prlimit(os.getppid(), resource.RLIMIT_NOFILE, (64, 64))\nprint(os.getppid())"))
+		if resp.ExitCode != 0 || string(resp.Stdout) != fmt.Sprintf("%d\n", zpid) {
+			t.Fatalf("tampering run: %+v", resp)
+		}
+		for range 3 {
+			resp = ta.run(t, py("import resource\nopen('runs-z.txt', 'a').write('x')\nprint(resource.getrlimit(resource.RLIMIT_NOFILE)[0])"))
+			if resp.ExitCode != 0 || string(resp.Stdout) == "64\n" {
+				t.Fatalf("a run with the zygote's lowered limits: %+v", resp)
+			}
+		}
+		if b, err := os.ReadFile(filepath.Join(ta.workDir, "runs-z.txt")); err != nil || string(b) != "xxx" {
+			t.Fatalf("three runs wrote %q (want each exactly once): %v", b, err)
+		}
+		newPID := ta.zygotePID(t)
+		if newPID == zpid {
+			t.Fatal("zygote pid did not change")
+		}
+		// Its replacement starts once the old one is waited for, stderr
+		// and all.
+		if !strings.Contains(ta.log.String(), fmt.Sprintf("zygote %d: its limits were changed", zpid)) {
+			t.Fatalf("the zygote did not say why it left:\n%s", ta.log.String())
+		}
+		zpid = newPID
+	})
 	t.Run("killed-zygote", func(t *testing.T) {
 		if err := syscall.Kill(zpid, syscall.SIGKILL); err != nil {
 			t.Fatal(err)

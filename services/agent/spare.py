@@ -52,31 +52,37 @@ def _only_sigcont_pending(mask):
     return bits & ~(1 << (signal.SIGCONT - 1)) == 0
 
 
-def _spare(chan, zygote_pid):
-    """Runs in a forked spare: prepares itself, waits for one job on chan,
-    then runs it. Returns the SystemExit argument. Exits without running
-    anything when the job never comes or the spare was tampered with while
-    idle."""
+def _spare(chan, zygote_pid, mask):
+    """Runs in a forked spare, born with every signal blocked (mask is the
+    zygote's own, to restore for the run): prepares itself, waits for one
+    job on chan, then runs it. Returns the SystemExit argument. Exits
+    without running anything when the job never comes, the spare was
+    tampered with while idle, or the zygote died first."""
     import signal
 
     _prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: die with the zygote
     if os.getppid() != zygote_pid:
         os._exit(0)
-    mask = _idle()
+    _idle()
     _populate()
-    limits = _limits()
     try:
         msg, fds, _flags, _addr = socket.recv_fds(chan, 65536, 8)
     except OSError:
         os._exit(0)
-    job = _take(msg, fds, mask, limits)
+    job = _take(msg, fds, mask)
     if job is None:
         os._exit(0)  # not taken: the agent hands the job to another spare
+    # A dying zygote's spares are killed (PR_SET_PDEATHSIG) when it is
+    # nearly gone, well after its SIGKILL: stop that first, then check that
+    # it is still the parent. Killed before the check, the spare has not
+    # taken the job; past it, the run outlives the zygote.
+    _prctl(1, 0)
+    if os.getppid() != zygote_pid:
+        os._exit(0)
     try:
         os.setsid()  # taken (see above)
     except OSError:
         os._exit(0)  # must not stay in the agent's session
-    _prctl(1, 0)  # the run outlives a dying zygote
     global _status_chan
     _status_chan = chan
     _dumpable(1)
@@ -84,11 +90,10 @@ def _spare(chan, zygote_pid):
 
 
 def _idle():
-    """Blocks every signal and installs what a fresh `python3 main.py`
-    has, off the critical path; returns the mask to restore for the run."""
+    """Installs what a fresh `python3 main.py` has, off the critical path
+    (every signal blocked)."""
     import signal
 
-    mask = _block_signals()
     signal.set_wakeup_fd(-1)
     for sig in range(1, signal.NSIG):
         if sig in (signal.SIGKILL, signal.SIGSTOP):
@@ -100,19 +105,20 @@ def _idle():
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)
     _prepare()
-    return mask
 
 
-def _take(msg, fds, mask, limits):
+def _take(msg, fds, mask):
     """The job in msg with its stdio fds, or None when it is malformed or
-    the spare was tampered with while idle (limits as they were then)."""
+    the spare was tampered with since the fork: a signal pending, or
+    limits other than the zygote's at its start (the spare was born with
+    those and every signal blocked, so no window is left open)."""
     try:
         req = json.loads(msg)
         job = (req["path"], req["cwd"], req.get("env") or {}, fds)
     except Exception:
         return None
     # The agent's SIGCONT (it wakes a stopped spare) is expected.
-    if len(fds) != 3 or not _only_sigcont_pending(mask) or _limits() != limits:
+    if len(fds) != 3 or not _only_sigcont_pending(mask) or _limits() != _limits_at_start:
         return None
     return job
 
@@ -393,10 +399,10 @@ def _probe(done):
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         os.write(fd, _DRY_RUN)
         os.close(fd)
-        mask = _idle()
-        limits = _limits()
+        mask = _block_signals()
+        _idle()
         msg = json.dumps({"path": path, "cwd": "/", "env": {"MPLBACKEND": _figures_backend or "", "PYTHONPATH": "/nonexistent"}})
-        job = _take(msg.encode(), [null, null, null], mask, limits)
+        job = _take(msg.encode(), [null, null, null], mask)
         if job is not None:
             _exit_steps(_run(job, mask))
     finally:

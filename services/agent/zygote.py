@@ -111,6 +111,9 @@ def _preload():
 
 
 _RLIMITS = ()
+# The zygote's _limits() once it is ready: every spare must have them (a
+# run of the same uid can change another process's rlimits and nice).
+_limits_at_start = None
 
 
 def _limits():
@@ -179,15 +182,24 @@ class _Zygote:
     def fork_spare(self):
         """Forks an idle child and hands the agent its channel; in the
         child, runs it and never returns."""
+        if _limits() != _limits_at_start:
+            # Code of a run changed the zygote's limits: its spares would
+            # all turn their jobs down. The agent starts another.
+            print("sandbox agent: zygote %d: its limits were changed; exiting" % self.pid, file=sys.stderr)
+            os._exit(1)
         a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             sys.stdout.flush()
             sys.stderr.flush()
         except Exception:
             pass
+        # The spare is born with every signal blocked: one sent to it is
+        # left pending from its first instruction on (see _take).
+        mask = _block_signals()
         try:
             pid = os.fork()
         except OSError:
+            _restore_signals(mask)
             a.close()
             b.close()
             raise
@@ -196,7 +208,8 @@ class _Zygote:
             self.ctrl.close()
             for fd in self.held:
                 os.close(fd)
-            _finish(_spare(b, self.pid))
+            _finish(_spare(b, self.pid, mask))
+        _restore_signals(mask)
         b.close()
         try:
             socket.send_fds(self.ctrl, [json.dumps({"spare": pid}).encode()], [a.fileno()])
@@ -231,6 +244,7 @@ class _Zygote:
 
 
 def _serve():
+    global _limits_at_start
     import select
     import signal
 
@@ -249,6 +263,7 @@ def _serve():
     # which would otherwise copy every page they touch.
     gc.collect()
     gc.freeze()
+    _limits_at_start = _limits()
     if pagemap >= 0:
         try:
             _learn(pagemap)
