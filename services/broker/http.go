@@ -38,7 +38,7 @@ import (
 //	/, /console/       the web console (services/console)
 func (b *Broker) HTTPHandler() http.Handler {
 	mcpHTTP := server.NewStreamableHTTPServer(b.mcp,
-		server.WithSessionIdManager(b.mcpSessions),
+		server.WithSessionIdManagerResolver(sessionManagers{b.mcpSessions}),
 		server.WithSessionIdleTTL(mcpsessions.IdleTTL),
 		server.WithHeartbeatInterval(25*time.Second),
 		server.WithStreamableHTTPLogger(logging.Slog(logging.Component(b.log, "mcp_http"))),

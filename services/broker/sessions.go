@@ -1,8 +1,11 @@
 package broker
 
 import (
+	"context"
 	"errors"
 	"net/http"
+
+	"github.com/mark3labs/mcp-go/server"
 
 	"github.com/sandbox-broker/sandbox-broker/services/identity"
 	"github.com/sandbox-broker/sandbox-broker/services/mcpsessions"
@@ -28,11 +31,45 @@ func (b *Broker) bindSessions(next http.Handler) http.Handler {
 				}
 				return
 			}
-			next.ServeHTTP(w, r)
+			next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), checkedSessionKey{}, id)))
 			return
 		}
 		next.ServeHTTP(&sessionRecorder{ResponseWriter: w, r: r, store: b.mcpSessions, principal: p.ID}, r)
 	})
+}
+
+// checkedSessionKey holds, on a request's context, the session ID that
+// bindSessions found live, unterminated and the caller's.
+type checkedSessionKey struct{}
+
+// sessionManagers gives the MCP transport the session store, except that
+// for a request whose session bindSessions has just checked it answers
+// the transport's own check of that ID from it: one read of the session's
+// row per request, not two.
+type sessionManagers struct{ store *mcpsessions.Store }
+
+func (m sessionManagers) ResolveSessionIdManager(r *http.Request) server.SessionIdManager {
+	if r != nil {
+		if id, ok := r.Context().Value(checkedSessionKey{}).(string); ok {
+			return checkedSession{Store: m.store, id: id}
+		}
+	}
+	return m.store // nil r: the transport's idle sweeper and shutdown
+}
+
+// checkedSession is the store for a request whose session id was checked.
+type checkedSession struct {
+	*mcpsessions.Store
+	id string
+}
+
+// Validate answers for the checked ID (Touch's check implies the
+// store's); any other ID goes to the store.
+func (c checkedSession) Validate(id string) (bool, error) {
+	if id == c.id {
+		return false, nil
+	}
+	return c.Store.Validate(id)
 }
 
 // sessionRecorder binds the session ID the MCP layer assigns on initialize
