@@ -31,8 +31,8 @@ type proc struct {
 	// (zygote wedged); it must make done deliver soon.
 	abandon func()
 	// next, for a run a zygote's spare took, is that zygote: it is asked
-	// for the next spare once the run's answer is written, or after
-	// spareDelay if the run goes on that long.
+	// for the next spare after spareDelay if the run goes on that long,
+	// else answerGrace after the run's answer is written.
 	next *zygote
 }
 
@@ -78,8 +78,8 @@ func (s *Server) execute(ctx context.Context, lang string, cmd Command, path str
 		r.close()
 	}
 	defer r.close()
-	if z := r.p.next; z != nil {
-		s.nextSpare.Store(z)
+	if z := r.p.next; z != nil && r.nextSpare.Stop() {
+		s.nextSpare.Store(z) // not asked for during the run: after its answer
 	}
 	dur := time.Since(start)
 
@@ -116,8 +116,11 @@ func (s *Server) execute(ctx context.Context, lang string, cmd Command, path str
 
 // started is a run's process and the capture of its output.
 type started struct {
-	p          *proc
-	zygote     bool // forked from the zygote
+	p      *proc
+	zygote bool // forked from the zygote
+	// nextSpare, for a run in a zygote's spare, asks the zygote for the
+	// next spare once the run has gone on for spareDelay.
+	nextSpare  *time.Timer
 	outR, errR *os.File
 	outC, errC chan captured
 }
@@ -174,7 +177,7 @@ func (s *Server) start(ctx context.Context, lang string, cmd Command, path strin
 		}
 	}
 	if z := r.p.next; z != nil {
-		time.AfterFunc(spareDelay, func() { _ = z.requestSpare() })
+		r.nextSpare = time.AfterFunc(spareDelay, func() { _ = z.requestSpare() })
 	}
 	r.outC, r.errC = make(chan captured, 1), make(chan captured, 1)
 	go func() { d, t := drain(r.outR, limit); r.outC <- captured{d, t} }()

@@ -130,8 +130,9 @@ type Server struct {
 	// (UnixNano); ran is set by the first run (see releaseWhenIdle).
 	lastActive atomic.Int64
 	ran        atomic.Bool
-	// nextSpare is the zygote whose spare the last run took: it is asked
-	// for the next one once the run's answer is written.
+	// nextSpare is the zygote whose spare the last run took, when it was
+	// not asked for the next one during the run: it is, answerGrace after
+	// the run's answer is written.
 	nextSpare atomic.Pointer[zygote]
 
 	jobsMu sync.Mutex
@@ -353,7 +354,7 @@ func (s *Server) handle(ctx context.Context, c net.Conn) {
 	_, _ = c.Write(b)
 	if z := s.nextSpare.Swap(nil); z != nil {
 		c.Close() // the answer is complete: the client stops waiting now
-		_ = z.requestSpare()
+		time.AfterFunc(answerGrace, func() { _ = z.requestSpare() })
 	}
 }
 
