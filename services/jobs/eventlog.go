@@ -237,19 +237,22 @@ type Page struct {
 	Next int64
 	// More says events remain after this page.
 	More bool
+	// logNext and logWritten are the log's counters when the page was
+	// read: what a gathering reader counts new events from.
+	logNext, logWritten int64
 }
 
 // read returns events with Seq > since, at most maxEvents and about
 // maxBytes of data.
 func (l *eventLog) read(since int64, maxEvents int, maxBytes int) (Page, error) {
 	l.mu.Lock()
-	first, next := l.first, l.next
+	first, next, written := l.first, l.next, l.written
 	segs, err := l.segments()
 	l.mu.Unlock()
 	if err != nil {
 		return Page{}, err
 	}
-	p := Page{Next: since}
+	p := Page{Next: since, logNext: next, logWritten: written}
 	size := 0
 	for _, n := range segs {
 		err := scanSegment(filepath.Join(l.dir, segName(n)), func(e Event) bool {

@@ -835,3 +835,38 @@ func TestReplicaJobsLostOnlyWithTheirReplica(t *testing.T) {
 		t.Fatalf("a gone replica's job after Prune: %+v %v", info, err)
 	}
 }
+
+// A gathering read counts as new what was appended after its first read,
+// also when that was before the gathering began: output that arrives just
+// after the read which saw only the ready event fills the page then, not
+// when the gathering window ends (with nothing returned).
+func TestGatherCountsFromTheRead(t *testing.T) {
+	l, err := openLog(t.TempDir(), 1<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = l.close() })
+	now := time.Now()
+	if _, err := l.append(Event{Type: EventReady}, now); err != nil {
+		t.Fatal(err)
+	}
+	req := ReadRequest{MaxEvents: 1000, MaxBytes: 8 << 10}
+	p, err := l.read(0, req.MaxEvents, req.MaxBytes)
+	if err != nil || len(p.Events) != 1 {
+		t.Fatalf("first read: %+v, %v", p, err)
+	}
+	// The job's output, between the read and the gathering.
+	for range 3 {
+		if _, err := l.append(Event{Type: EventStdout, Data: strings.Repeat("x", 4<<10)}, now); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A window that ends long after the page is full: only the output
+	// already appended can end the wait in time.
+	if !l.gatherWait(context.Background(), make(chan struct{}), time.After(10*time.Second), nil, p, req) {
+		t.Fatal("gatherWait: nothing new when the window ended")
+	}
+	if p, err = l.read(0, req.MaxEvents, req.MaxBytes); err != nil || !p.More {
+		t.Fatalf("second read: more %v, %v", p.More, err)
+	}
+}

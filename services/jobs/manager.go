@@ -776,7 +776,9 @@ func (m *Manager) read(ctx context.Context, principal, id string, req ReadReques
 // timers fires. It reports whether the log is worth reading again: false
 // when a timer fired or ctx ended with nothing new since p.
 func (l *eventLog) gatherWait(ctx context.Context, done <-chan struct{}, gathered, deadline <-chan time.Time, p Page, req ReadRequest) bool {
-	next0, written0 := l.counters()
+	// Counted from the read of p: events appended since then are new,
+	// even those appended before this call.
+	next0, written0 := p.logNext, p.logWritten
 	size := 0
 	for _, e := range p.Events {
 		size += len(e.Data)
