@@ -275,6 +275,9 @@ for _ in sys.stdin:
 km.shutdown_kernel(now=True)
 `
 
+// caseGap separates BenchmarkNotebook's timed calls.
+const caseGap = 25 * time.Millisecond
+
 // BenchmarkNotebook measures a warm notebook cell (print(1)) through MCP
 // HTTP on both backends (Docker under runsc too, when the daemon has it), interleaved with the bare Jupyter kernel round
 // trip of jupyterBaseline and a fresh print(1) in the same run.
@@ -354,6 +357,12 @@ func BenchmarkNotebook(b *testing.B) {
 			// follows the same one (and the work it leaves behind).
 			for k := range cases {
 				j := (i + k) % len(cases)
+				// A client's think time, untimed (an LLM's calls are
+				// seconds apart): what a call leaves behind (a fresh
+				// run's teardown, the next spare's fork answerGrace
+				// after its answer) does not land on the next case,
+				// the baseline included.
+				time.Sleep(caseGap)
 				lat[j] = append(lat[j], cases[j].call())
 			}
 		}
