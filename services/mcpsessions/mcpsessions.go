@@ -4,6 +4,12 @@
 // every request. A session ID is useless to anyone but its owner, is
 // forgotten once idle past the TTL, and a principal holds at most
 // PerPrincipal of them (its own least recently used goes first).
+//
+// A replica answers a session's checks from its own successful check of it
+// for up to checkFresh: a session its owner ended through another replica
+// can still be used by that owner on this one for that long. What a check
+// compares (the ID and its principal) is never taken from anywhere but
+// the store.
 package mcpsessions
 
 import (
@@ -13,6 +19,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/sandbox-broker/sandbox-broker/services/statedb"
@@ -25,6 +32,13 @@ const (
 	PerPrincipal = 100
 	// touchEvery limits last-seen writes to one a minute per session.
 	touchEvery = time.Minute
+	// checkFresh is how long a successful check answers for the same
+	// session and principal on this replica: each request checks its
+	// session, and one read of the store per second per session is enough
+	// for expiry (IdleTTL) and for ends made on other replicas.
+	checkFresh = time.Second
+	// maxChecked bounds the remembered checks; past it, stale ones go.
+	maxChecked = 4096
 	// opTimeout bounds each store operation.
 	opTimeout = 5 * time.Second
 	// idPrefix starts every ID.
@@ -50,6 +64,16 @@ type Store struct {
 	db  *sql.DB
 	now func() time.Time
 	st  statements
+
+	mu      sync.Mutex
+	checked map[string]check // successful checks by session ID
+	epoch   uint64           // counts forgets: a check begun before one is not remembered
+}
+
+// check is a successful Touch: the session's principal and when.
+type check struct {
+	principal string
+	at        time.Time
 }
 
 // statements are prepared once: Touch and Validate run on every request.
@@ -69,7 +93,7 @@ func Open(ctx context.Context, loc string, now func() time.Time) (*Store, error)
 	if err != nil {
 		return nil, fmt.Errorf("mcp sessions: %w", err)
 	}
-	s := &Store{db: db, now: now}
+	s := &Store{db: db, now: now, checked: map[string]check{}}
 	st := &s.st
 	st.all, err = statedb.Prepare(ctx, db,
 		statedb.Query{Dst: &st.insert, SQL: `INSERT INTO mcp_sessions (id, principal, last_seen) VALUES (?, '', ?)`},
@@ -122,6 +146,7 @@ func (s *Store) Validate(id string) (bool, error) {
 
 // Terminate ends a live session.
 func (s *Store) Terminate(id string) (bool, error) {
+	defer s.forget(id)
 	ctx, cancel := context.WithTimeout(context.Background(), opTimeout)
 	defer cancel()
 	_, err := s.st.terminate.ExecContext(ctx, id)
@@ -131,6 +156,7 @@ func (s *Store) Terminate(id string) (bool, error) {
 // Bind makes principal the owner of the just-generated id, dropping the
 // principal's least recently used sessions beyond PerPrincipal.
 func (s *Store) Bind(ctx context.Context, id, principal string) error {
+	defer s.forget("") // the sessions it drops may have been checked
 	ctx, cancel := context.WithTimeout(ctx, opTimeout)
 	defer cancel()
 	tx, err := s.db.BeginTx(ctx, nil)
@@ -148,10 +174,16 @@ func (s *Store) Bind(ctx context.Context, id, principal string) error {
 }
 
 // Touch checks that id is principal's live session and refreshes it.
+// Within checkFresh of its last successful check on this Store it answers
+// from that check.
 func (s *Store) Touch(ctx context.Context, id, principal string) error {
+	now := s.now()
+	epoch, fresh := s.recall(id, principal, now)
+	if fresh {
+		return nil
+	}
 	ctx, cancel := context.WithTimeout(ctx, opTimeout)
 	defer cancel()
-	now := s.now()
 	var seen int64
 	err := s.st.seen.QueryRowContext(ctx, id, principal, now.Add(-IdleTTL).UnixMilli()).Scan(&seen)
 	if errors.Is(err, sql.ErrNoRows) {
@@ -161,14 +193,64 @@ func (s *Store) Touch(ctx context.Context, id, principal string) error {
 		return statedb.Classify(err)
 	}
 	if now.UnixMilli()-seen >= touchEvery.Milliseconds() {
-		_, err = s.st.touch.ExecContext(ctx, now.UnixMilli(), id)
+		if _, err := s.st.touch.ExecContext(ctx, now.UnixMilli(), id); err != nil {
+			return statedb.Classify(err)
+		}
 	}
-	return statedb.Classify(err)
+	s.remember(id, principal, now, epoch)
+	return nil
+}
+
+// recall reports whether id was checked as principal's within checkFresh
+// of now, and the epoch a check begun now must find unchanged to be
+// remembered.
+func (s *Store) recall(id, principal string, now time.Time) (uint64, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	c, ok := s.checked[id]
+	// A clock stepped back does not extend a check.
+	return s.epoch, ok && c.principal == principal && !now.Before(c.at) && now.Sub(c.at) < checkFresh
+}
+
+// remember records a successful check made at now, unless a forget came
+// after it began (it may have read the row before the change).
+func (s *Store) remember(id, principal string, now time.Time, epoch uint64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.epoch != epoch {
+		return
+	}
+	if len(s.checked) >= maxChecked {
+		for k, c := range s.checked {
+			if now.Sub(c.at) >= checkFresh || now.Before(c.at) {
+				delete(s.checked, k)
+			}
+		}
+		if len(s.checked) >= maxChecked {
+			clear(s.checked)
+		}
+	}
+	s.checked[id] = check{principal: principal, at: now}
+}
+
+// forget drops the check of id, or all of them for "", once a change that
+// may end sessions is made; a check that began before it and read the row
+// before the change is not remembered.
+func (s *Store) forget(id string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.epoch++
+	if id == "" {
+		clear(s.checked)
+	} else {
+		delete(s.checked, id)
+	}
 }
 
 // Prune forgets sessions idle past the TTL (the leading replica calls it
 // periodically).
 func (s *Store) Prune(ctx context.Context) {
+	defer s.forget("")
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
 	_, _ = s.st.prune.ExecContext(ctx, s.now().Add(-IdleTTL).UnixMilli())

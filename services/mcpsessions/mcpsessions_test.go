@@ -116,3 +116,98 @@ func TestPerPrincipalCap(t *testing.T) {
 		}
 	})
 }
+
+// A replica answers a session's checks from its own successful check for
+// checkFresh: a session ended through another replica can be used by its
+// owner on this one until then, and never by anyone else. What this
+// replica ends, or may have ended, it stops answering for at once.
+func TestTouchAnswersFromARecentCheck(t *testing.T) {
+	statedbtest.Run(t, func(t *testing.T, st statedbtest.Store) {
+		ctx := context.Background()
+		loc := st.Loc(t)
+		c := &clock{t: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
+		a, b := open(t, loc, c), open(t, loc, c)
+		id := a.Generate()
+		if err := a.Bind(ctx, id, "alice"); err != nil {
+			t.Fatal(err)
+		}
+		if err := b.Touch(ctx, id, "alice"); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := a.Terminate(id); err != nil {
+			t.Fatal(err)
+		}
+		if err := a.Touch(ctx, id, "alice"); !errors.Is(err, ErrNotFound) {
+			t.Fatalf("ended on this replica, touched here: %v", err)
+		}
+		c.add(checkFresh - time.Millisecond)
+		if err := b.Touch(ctx, id, "alice"); err != nil {
+			t.Fatalf("within checkFresh of the other replica's check: %v", err)
+		}
+		if err := b.Touch(ctx, id, "mallory"); !errors.Is(err, ErrNotFound) {
+			t.Fatalf("someone else, within checkFresh of the owner's check: %v", err)
+		}
+		c.add(time.Millisecond)
+		if err := b.Touch(ctx, id, "alice"); !errors.Is(err, ErrNotFound) {
+			t.Fatalf("checkFresh after the other replica's check: %v", err)
+		}
+
+		// A clock stepped back does not extend a check.
+		live := b.Generate()
+		if err := b.Bind(ctx, live, "alice"); err != nil {
+			t.Fatal(err)
+		}
+		if err := b.Touch(ctx, live, "alice"); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := a.Terminate(live); err != nil {
+			t.Fatal(err)
+		}
+		c.add(-time.Millisecond)
+		if err := b.Touch(ctx, live, "alice"); !errors.Is(err, ErrNotFound) {
+			t.Fatalf("after the clock stepped back: %v", err)
+		}
+
+		// Binding may drop the principal's other sessions: checks made
+		// before it are not used after it.
+		kept := b.Generate()
+		if err := b.Bind(ctx, kept, "bob"); err != nil {
+			t.Fatal(err)
+		}
+		if err := b.Touch(ctx, kept, "bob"); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := a.db.Exec(`DELETE FROM mcp_sessions WHERE id = ?`, kept); err != nil {
+			t.Fatal(err)
+		}
+		if err := b.Bind(ctx, b.Generate(), "bob"); err != nil {
+			t.Fatal(err)
+		}
+		if err := b.Touch(ctx, kept, "bob"); !errors.Is(err, ErrNotFound) {
+			t.Fatalf("a check made before a Bind, used after it: %v", err)
+		}
+	})
+}
+
+// A check that read the row before this replica ended the session is not
+// remembered after it.
+func TestCheckBeforeAnEndIsNotRemembered(t *testing.T) {
+	c := &clock{t: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
+	s := open(t, t.TempDir()+"/state.db", c)
+	id := s.Generate()
+	if err := s.Bind(context.Background(), id, "alice"); err != nil {
+		t.Fatal(err)
+	}
+	epoch, fresh := s.recall(id, "alice", c.now())
+	if fresh {
+		t.Fatal("answered from a check never made")
+	}
+	// The check read the row here, then the session ended.
+	if _, err := s.Terminate(id); err != nil {
+		t.Fatal(err)
+	}
+	s.remember(id, "alice", c.now(), epoch)
+	if _, fresh := s.recall(id, "alice", c.now()); fresh {
+		t.Fatal("a check that began before Terminate answers after it")
+	}
+}
