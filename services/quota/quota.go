@@ -41,13 +41,14 @@ func (s *Store) ReserveSandbox(ctx context.Context, principal string, l Limits) 
 }
 
 // take is the atomic sliding-window check-and-increment, decided from the
-// view inside the write transaction.
+// view inside a write transaction it may share with concurrent takes
+// (writeTogether).
 func (s *Store) take(ctx context.Context, principal string, kind Kind, size, limit int64) (Decision, error) {
 	if limit <= 0 {
 		return Decision{}, fmt.Errorf("%w: %s", ErrInvalidLimit, kind)
 	}
 	d := Decision{Kind: kind, Limit: limit}
-	err := s.writeTx(ctx, func(w *write) error {
+	err := s.writeTogether(ctx, func(w *write) error {
 		a, err := s.account(w, principal)
 		if err != nil {
 			return err

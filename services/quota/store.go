@@ -84,6 +84,10 @@ type Store struct {
 
 	mu   sync.Mutex // guards view for readers
 	view map[string]*account
+
+	tmu     sync.Mutex // guards takers and leading (writeTogether)
+	takers  []*taker
+	leading bool
 }
 
 // statements are the Store's prepared statements.
@@ -159,6 +163,7 @@ type write struct {
 	now     time.Time
 	changed bool     // bump the generation
 	apply   []func() // view changes, run under mu after the commit
+	applied bool     // some were run before it (see applyNow)
 	pruned  bool     // other principals changed: drop the view
 }
 
@@ -170,6 +175,19 @@ func (w *write) exec(st *sql.Stmt, args ...any) (sql.Result, error) {
 
 // then queues a view change for after the commit.
 func (w *write) then(f func()) { w.apply = append(w.apply, f) }
+
+// applyNow runs the view changes queued so far, before the commit, so that
+// later decisions in the same transaction see them; if the transaction
+// then fails, writeTx drops the whole view (the file is the truth).
+func (s *Store) applyNow(w *write) {
+	s.mu.Lock()
+	for _, f := range w.apply {
+		f()
+	}
+	s.mu.Unlock()
+	w.apply = w.apply[:0]
+	w.applied = true
+}
 
 // writeTx runs fn in a BEGIN IMMEDIATE transaction (see statedb) and
 // commits, pruning old buckets on every pruneEvery-th write. The clock is
@@ -202,6 +220,14 @@ func (s *Store) writeTx(ctx context.Context, fn func(w *write) error) error {
 		s.gen = gen
 	}
 	w := &write{ctx: ctx, tx: tx, now: s.now()}
+	committed := false
+	defer func() {
+		if w.applied && !committed {
+			s.mu.Lock()
+			clear(s.view)
+			s.mu.Unlock()
+		}
+	}()
 	if err := fn(w); err != nil {
 		return err
 	}
@@ -219,6 +245,7 @@ func (s *Store) writeTx(ctx context.Context, fn func(w *write) error) error {
 		s.gen = -1 // the outcome is unknown: read the file again next time
 		return fmt.Errorf("quota: commit: %w", err)
 	}
+	committed = true
 	if w.changed {
 		s.gen++
 	}
