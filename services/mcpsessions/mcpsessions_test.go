@@ -117,6 +117,19 @@ func TestPerPrincipalCap(t *testing.T) {
 	})
 }
 
+// checkedSession makes a session of principal's on s and checks it there.
+func checkedSession(t *testing.T, s *Store, principal string) string {
+	t.Helper()
+	id := s.Generate()
+	if err := s.Bind(context.Background(), id, principal); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Touch(context.Background(), id, principal); err != nil {
+		t.Fatal(err)
+	}
+	return id
+}
+
 // A replica answers a session's checks from its own successful check for
 // checkFresh: a session ended through another replica can be used by its
 // owner on this one until then, and never by anyone else. What this
@@ -153,13 +166,7 @@ func TestTouchAnswersFromARecentCheck(t *testing.T) {
 		}
 
 		// A clock stepped back does not extend a check.
-		live := b.Generate()
-		if err := b.Bind(ctx, live, "alice"); err != nil {
-			t.Fatal(err)
-		}
-		if err := b.Touch(ctx, live, "alice"); err != nil {
-			t.Fatal(err)
-		}
+		live := checkedSession(t, b, "alice")
 		if _, err := a.Terminate(live); err != nil {
 			t.Fatal(err)
 		}
@@ -170,13 +177,7 @@ func TestTouchAnswersFromARecentCheck(t *testing.T) {
 
 		// Binding may drop the principal's other sessions: checks made
 		// before it are not used after it.
-		kept := b.Generate()
-		if err := b.Bind(ctx, kept, "bob"); err != nil {
-			t.Fatal(err)
-		}
-		if err := b.Touch(ctx, kept, "bob"); err != nil {
-			t.Fatal(err)
-		}
+		kept := checkedSession(t, b, "bob")
 		if _, err := a.db.Exec(`DELETE FROM mcp_sessions WHERE id = ?`, kept); err != nil {
 			t.Fatal(err)
 		}
