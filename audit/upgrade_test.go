@@ -12,12 +12,21 @@ import (
 )
 
 // v1Log copies testdata/v1, a log the broker wrote before schema version 2
-// (six rows, checkpoints at 4 and 6, and its keys), to a temp root.
+// (six rows, checkpoints at 4 and 6, and its keys), to a temp root. The
+// keys were made for this fixture alone and protect nothing; they are kept
+// as .fixture files, so that they are not taken for live key files, and
+// copied under the names LoadKeys reads.
 func v1Log(t *testing.T) *fixture {
 	t.Helper()
 	root := t.TempDir()
-	for _, name := range []string{"audit.db", "audit.checkpoints", "keys/audit_hmac.key", "keys/audit_checkpoint.key", "keys/audit_checkpoint.pub"} {
-		b, err := os.ReadFile(filepath.Join("testdata", "v1", name))
+	for src, name := range map[string]string{
+		"audit.db":                      "audit.db",
+		"audit.checkpoints":             "audit.checkpoints",
+		"keys/audit_hmac.fixture":       "keys/audit_hmac.key",
+		"keys/audit_checkpoint.fixture": "keys/audit_checkpoint.key",
+		"keys/audit_checkpoint.pub":     "keys/audit_checkpoint.pub",
+	} {
+		b, err := os.ReadFile(filepath.Join("testdata", "v1", src))
 		if err != nil {
 			t.Fatal(err)
 		}
