@@ -9,6 +9,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // SweepMode decides which processes the post-run sweep kills.
@@ -473,7 +475,7 @@ func sweepWith(procRoot string, sel func(procs []procInfo, self int) ([]procInfo
 		if n == 0 && round > 0 {
 			// let exits and re-parenting settle (a first round that only
 			// met new targets is retried at once)
-			time.Sleep(100 * time.Microsecond)
+			pause()
 		}
 	}
 	// The quiet round saw what the kills had done already.
@@ -494,6 +496,19 @@ func sweepWith(procRoot string, sel func(procs []procInfo, self int) ([]procInfo
 		if time.Now().After(deadline) {
 			return res
 		}
-		time.Sleep(100 * time.Microsecond)
+		pause()
 	}
+}
+
+// sweepPause is how long the sweep waits between two reads of /proc for
+// the processes it killed to reach exit (the run's answer waits too).
+const sweepPause = 100 * time.Microsecond
+
+// pause sleeps sweepPause in nanosleep: the Go runtime rounds a timer
+// under a millisecond up to its next check, and time.Sleep(100µs) took
+// 1.09 ms at p50 here, against 0.16 ms for nanosleep (which blocks only
+// this goroutine's thread for that long).
+func pause() {
+	ts := unix.NsecToTimespec(sweepPause.Nanoseconds())
+	_ = unix.Nanosleep(&ts, nil)
 }

@@ -419,7 +419,7 @@ func (z *zygote) await(ctx context.Context, sp *spare, w <-chan outcome) outcome
 		n, err := sp.conn.Read(b[:])
 		if err == nil && n > 1 && b[0] == 'x' {
 			if code, err := strconv.Atoi(string(b[1:n])); err == nil && code >= 0 && code <= 255 {
-				own <- outcome{exitCode: code}
+				own <- outcome{exitCode: code, reported: true}
 				return
 			}
 		}
