@@ -3,6 +3,7 @@ package docker
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"slices"
 	"sync"
@@ -23,7 +24,7 @@ type Session struct {
 	e               *Engine
 	ref             sandbox.SessionRef
 
-	mu        sync.Mutex
+	mu        sandbox.RunLock // a run's stray check ends after its answer (see execLocked)
 	ctrs      map[string]*ctr
 	uid       int // host uid (and gid) of its containers; 0 until leased
 	destroyed bool
@@ -192,8 +193,18 @@ func (s *Session) execLocked(ctx context.Context, r runnerImage, req sandbox.Exe
 		if res.TimedOut || res.OOMKilled {
 			e.log.Info().Str("container", shortID(c.dockerID)).Bool("timed_out", res.TimedOut).Bool("oom_killed", res.OOMKilled).Msg("sandbox_kept_for_jobs")
 		}
-	} else if res.TimedOut || res.OOMKilled || e.hasStrays(c, sessionsBefore, res.Kernel) {
+	} else if res.TimedOut || res.OOMKilled {
 		s.retireLocked(r.Language, c, retireReason(res))
+	} else {
+		// Checked once the answer is on its way, before anything else
+		// takes the session's lock.
+		started := res.Kernel.StartedLive()
+		s.mu.AfterUnlock(func() bool { return e.hasStrays(c, sessionsBefore, started) }, func(panicked any) {
+			if panicked != nil {
+				e.log.Error().Str("container", shortID(c.dockerID)).Str("panic", fmt.Sprint(panicked)).Msg("sandbox_stray_check_failed")
+			}
+			s.retireLocked(r.Language, c, sandbox.LostStrays)
+		})
 	}
 	return res, nil
 }

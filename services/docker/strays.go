@@ -8,7 +8,6 @@ import (
 	"strings"
 
 	"github.com/sandbox-broker/sandbox-broker/services/agent"
-	"github.com/sandbox-broker/sandbox-broker/services/sandbox"
 )
 
 // The broker's own check for processes a run left behind (agent.Strays):
@@ -151,8 +150,9 @@ func (e *Engine) sessionsBefore(c *ctr) agent.Sessions {
 // hasStrays reports processes left after a run, read from the host's /proc
 // (under gVisor, from the Sentry's, see sessionMonitor) rather than from
 // the (untrusted) agent (see agent.Strays); it also keeps track of the
-// container's notebook kernel session. Caller holds s.mu.
-func (e *Engine) hasStrays(c *ctr, before agent.Sessions, kernel *sandbox.KernelStatus) bool {
+// container's notebook kernel session (kernelStarted: the run started one
+// that lives on). Caller holds s.mu.
+func (e *Engine) hasStrays(c *ctr, before agent.Sessions, kernelStarted bool) bool {
 	var after agent.Sessions
 	if e.o.Runtime == RuntimeRunsc {
 		var err error
@@ -171,8 +171,7 @@ func (e *Engine) hasStrays(c *ctr, before agent.Sessions, kernel *sandbox.Kernel
 		after, threads = e.hostSessions(c)
 		c.known.Record(threads)
 	}
-	started := kernel != nil && kernel.Started && kernel.Ended == ""
-	stray, sid := agent.Strays(before, after, c.kernelSID, started)
+	stray, sid := agent.Strays(before, after, c.kernelSID, kernelStarted)
 	c.kernelSID = sid
 	if stray {
 		e.log.Info().Str("container", shortID(c.dockerID)).Int("sessions_before", len(before)).Msg("sandbox_strays_found")

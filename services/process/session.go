@@ -2,6 +2,7 @@ package process
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"sync"
 	"time"
@@ -22,7 +23,9 @@ type Session struct {
 	ref             sandbox.SessionRef
 	uid, gid        int // host ids of its sandboxes (see Backend.sessionIDs)
 
-	runMu sync.Mutex // serialises Exec (the agent runs one request at a time)
+	// runMu serialises Exec (the agent runs one request at a time); a
+	// run's stray check ends after its answer (see Exec).
+	runMu sandbox.RunLock
 
 	mu        sync.Mutex // guards sbs and destroyed
 	sbs       map[*runner]*sbx
@@ -200,25 +203,32 @@ func (s *Session) Exec(ctx context.Context, req sandbox.ExecRequest) (sandbox.Ex
 		s.retire(sb, sandbox.LostOOM)
 	case !sb.alive():
 		s.retire(sb, sandbox.LostStopped)
-	case s.hasStrays(sb, sessionsBefore, res.Kernel):
-		s.retire(sb, sandbox.LostStrays)
+	default:
+		// Checked once the answer is on its way, before the next run.
+		started := res.Kernel.StartedLive()
+		s.runMu.AfterUnlock(func() bool { return s.hasStrays(sb, sessionsBefore, started) }, func(panicked any) {
+			if panicked != nil {
+				s.b.log.Error().Str("sandbox", sb.id).Str("panic", fmt.Sprint(panicked)).Msg("sandbox_stray_check_failed")
+			}
+			s.retire(sb, sandbox.LostStrays)
+		})
 	}
 	return res, nil
 }
 
 // hasStrays reports processes a run left, read from the host's /proc
 // rather than from the (untrusted) agent (see agent.Strays), and keeps
-// track of the sandbox's notebook kernel session. Live jobs are not strays
-// (a job started during the run would be; the sandbox is then replaced).
-// Caller holds runMu.
-func (s *Session) hasStrays(sb *sbx, before map[int][]int, kernel *sandbox.KernelStatus) bool {
+// track of the sandbox's notebook kernel session (kernelStarted: the run
+// started one that lives on). Live jobs are not strays (a job started
+// during the run would be; the sandbox is then replaced). Caller holds
+// runMu.
+func (s *Session) hasStrays(sb *sbx, before map[int][]int, kernelStarted bool) bool {
 	if before == nil {
 		return false
 	}
-	started := kernel != nil && kernel.Started && kernel.Ended == ""
 	after := sb.sessions()
 	sb.known.Record(after)
-	stray, sid := agent.Strays(before, after, sb.kernelSID, started)
+	stray, sid := agent.Strays(before, after, sb.kernelSID, kernelStarted)
 	sb.kernelSID = sid
 	if stray {
 		s.b.log.Info().Str("sandbox", sb.id).Msg("sandbox_strays_found")

@@ -103,6 +103,12 @@ type KernelStatus struct {
 	Ended string
 }
 
+// StartedLive reports whether the run started a kernel that lives on (false
+// for a nil k).
+func (k *KernelStatus) StartedLive() bool {
+	return k != nil && k.Started && k.Ended == ""
+}
+
 // FileInfo describes a workspace file; Path is slash-separated and relative.
 type FileInfo struct {
 	Path    string
