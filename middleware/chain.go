@@ -67,6 +67,33 @@ type call struct {
 
 	mu     sync.Mutex
 	detail map[string]any // the outcome row's params (OutcomeDetail)
+
+	beside   sync.WaitGroup // BesideOutcome's work
+	panicked any            // a panic of BesideOutcome's work
+}
+
+// BesideOutcome runs f while the call's outcome row is written, and the
+// call's answer waits for it: for work the answer does not show but the
+// caller may read next, such as charging a run's time (get_usage then
+// shows it). Outside the chain it runs f at once.
+func BesideOutcome(ctx context.Context, f func()) {
+	c, ok := ctx.Value(callKey{}).(*call)
+	if !ok {
+		f()
+		return
+	}
+	c.beside.Add(1)
+	go func() {
+		defer c.beside.Done()
+		defer func() {
+			if p := recover(); p != nil {
+				c.mu.Lock()
+				c.panicked = p
+				c.mu.Unlock()
+			}
+		}()
+		f()
+	}()
 }
 
 // OutcomeDetail records what a call did beyond success or failure in its
@@ -200,6 +227,10 @@ func (d Deps) observe(next server.ToolHandlerFunc) server.ToolHandlerFunc {
 			source: d.source(ctx, req.Params.Name)}
 		ctx = context.WithValue(ctx, callKey{}, c)
 		res, err := next(ctx, req)
+		c.beside.Wait()
+		if c.panicked != nil {
+			d.Log.Error().Str("call_id", c.id).Str("tool", c.tool).Str("panic", fmt.Sprint(c.panicked)).Msg("beside_outcome_panic")
+		}
 		dur := d.since(c.start)
 		outcome := classify(res, err, c.audited)
 		code := brokererr.CodeOf(err)

@@ -94,6 +94,7 @@ type harnessOpts struct {
 	callsPerMinute int
 	maxArgBytes    int
 	throttle       *RejectionThrottle
+	auditWrap      func(Auditor) Auditor
 }
 
 func newHarness(t *testing.T, o harnessOpts) *harness {
@@ -140,6 +141,9 @@ func newHarness(t *testing.T, o harnessOpts) *harness {
 		Log:        zerolog.New(hx.logBuf),
 		Now:        hx.clock.Now,
 		Rejections: o.throttle,
+	}
+	if o.auditWrap != nil {
+		deps.Audit = o.auditWrap(deps.Audit)
 	}
 	hx.body = func(context.Context, *chainArgs) (*mcp.CallToolResult, error) {
 		return mcp.NewToolResultText("ok"), nil
@@ -832,5 +836,61 @@ func TestOutcomeDetailInOutcomeRow(t *testing.T) {
 	}
 	if string(rows[3].Params) != "{}" {
 		t.Errorf("plain call's outcome params %s", rows[3].Params)
+	}
+}
+
+// outcomeSignal is an Auditor that closes written once an outcome row is
+// appended.
+type outcomeSignal struct {
+	Auditor
+	once    sync.Once
+	written chan struct{}
+}
+
+func (o *outcomeSignal) Append(ctx context.Context, r audit.Record) (int64, error) {
+	seq, err := o.Auditor.Append(ctx, r)
+	if r.Phase == audit.PhaseOutcome {
+		o.once.Do(func() { close(o.written) })
+	}
+	return seq, err
+}
+
+// TestBesideOutcome: the work runs while the outcome row is written (it
+// waits here for that row, so run before it the call would never end),
+// and the answer comes only once it is done; a panic in it is logged and
+// the answer stands. Outside the chain it runs at once.
+func TestBesideOutcome(t *testing.T) {
+	sig := &outcomeSignal{written: make(chan struct{})}
+	hx := newHarness(t, harnessOpts{auditWrap: func(a Auditor) Auditor { sig.Auditor = a; return sig }})
+	var done atomic.Bool
+	hx.body = func(ctx context.Context, a *chainArgs) (*mcp.CallToolResult, error) {
+		BesideOutcome(ctx, func() {
+			select {
+			case <-sig.written:
+				done.Store(true)
+			case <-time.After(30 * time.Second):
+			}
+		})
+		if a.Mode == "read" {
+			BesideOutcome(ctx, func() { panic("settle failed") })
+		}
+		return mcp.NewToolResultText("ok"), nil
+	}
+	if res := hx.call(alice(), `{"path":"a.txt","mode":"write"}`); res.IsError {
+		t.Fatalf("%#v", res.StructuredContent)
+	}
+	if !done.Load() {
+		t.Fatal("the answer came before the work beside the outcome row was done, or the work ran before the row")
+	}
+	if res := hx.call(alice(), `{"path":"a.txt","mode":"read"}`); res.IsError {
+		t.Fatalf("after a panic beside the outcome: %#v", res.StructuredContent)
+	}
+	if !strings.Contains(hx.logBuf.String(), "beside_outcome_panic") {
+		t.Errorf("the panic was not logged: %s", hx.logBuf.String())
+	}
+	ran := false
+	BesideOutcome(context.Background(), func() { ran = true })
+	if !ran {
+		t.Error("outside the chain the work did not run at once")
 	}
 }

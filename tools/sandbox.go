@@ -218,7 +218,10 @@ func RunCode(e *Engine) ServerTool {
 			stop := newNotifier(ctx, e.Redact).tick(ctx, "run_code", time.Second)
 			res, err := lease.Session.Exec(ctx, sandbox.ExecRequest{Language: a.Language, Code: a.Code, Timeout: timeout, MaxOutputBytes: maxAgentBytes, Mode: a.Mode})
 			stop()
-			hold.settle(res.Duration) // spent time counts even when the run failed
+			// Spent time counts even when the run failed; charged while
+			// the outcome row is written.
+			spent := res.Duration
+			middleware.BesideOutcome(ctx, func() { hold.settle(spent) })
 			e.observe(a.Language, runOutcome(res, err), res.Duration)
 			if err != nil {
 				return nil, err
