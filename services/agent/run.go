@@ -12,8 +12,6 @@ import (
 	"strings"
 	"syscall"
 	"time"
-
-	"golang.org/x/sys/unix"
 )
 
 // outcome is how a run's main process ended.
@@ -139,7 +137,6 @@ const (
 // kill, as before.
 func awaitExit(procRoot string, pid int) {
 	path := procRoot + "/" + strconv.Itoa(pid) + "/stat"
-	ts := unix.NsecToTimespec(exitStep.Nanoseconds())
 	for deadline := time.Now().Add(exitGrace); time.Now().Before(deadline); {
 		b, err := ReadProcFile(path)
 		if err != nil {
@@ -148,7 +145,7 @@ func awaitExit(procRoot string, pid int) {
 		if st, ok := ParseProcStat(b); !ok || !st.Live() {
 			return
 		}
-		_ = unix.Nanosleep(&ts, nil) // see pause
+		nap(exitStep)
 	}
 }
 

@@ -475,7 +475,7 @@ func sweepWith(procRoot string, sel func(procs []procInfo, self int) ([]procInfo
 		if n == 0 && round > 0 {
 			// let exits and re-parenting settle (a first round that only
 			// met new targets is retried at once)
-			pause()
+			nap(sweepPause)
 		}
 	}
 	// The quiet round saw what the kills had done already.
@@ -496,7 +496,7 @@ func sweepWith(procRoot string, sel func(procs []procInfo, self int) ([]procInfo
 		if time.Now().After(deadline) {
 			return res
 		}
-		pause()
+		nap(sweepPause)
 	}
 }
 
@@ -504,11 +504,11 @@ func sweepWith(procRoot string, sel func(procs []procInfo, self int) ([]procInfo
 // the processes it killed to reach exit (the run's answer waits too).
 const sweepPause = 100 * time.Microsecond
 
-// pause sleeps sweepPause in nanosleep: the Go runtime rounds a timer
-// under a millisecond up to its next check, and time.Sleep(100µs) took
-// 1.09 ms at p50 here, against 0.16 ms for nanosleep (which blocks only
-// this goroutine's thread for that long).
-func pause() {
-	ts := unix.NsecToTimespec(sweepPause.Nanoseconds())
+// nap sleeps d in nanosleep: the Go runtime rounds a timer under a
+// millisecond up to its next check, and time.Sleep(100µs) took 1.09 ms at
+// p50 here, against 0.16 ms for nanosleep (which blocks only this
+// goroutine's thread for that long).
+func nap(d time.Duration) {
+	ts := unix.NsecToTimespec(d.Nanoseconds())
 	_ = unix.Nanosleep(&ts, nil)
 }
