@@ -209,15 +209,13 @@ func (s *Session) execLocked(ctx context.Context, r runnerImage, req sandbox.Exe
 	return res, nil
 }
 
-// retireReason says why a run's container is replaced.
+// retireReason says why the container of a run that timed out or hit the
+// OOM killer is replaced (strays are the stray check's, see execLocked).
 func retireReason(res sandbox.ExecResult) string {
-	switch {
-	case res.TimedOut:
+	if res.TimedOut {
 		return sandbox.LostTimeout
-	case res.OOMKilled:
-		return sandbox.LostOOM
 	}
-	return sandbox.LostStrays
+	return sandbox.LostOOM
 }
 
 // retireLocked removes the session's container c for lang in the

@@ -6,8 +6,9 @@ import "sync"
 // check (the broker's own look, from the host, for processes the run left)
 // to run once it unlocks: in the background, still under the lock. The
 // run's answer then goes back without waiting for the check, and whatever
-// takes the lock next (the next run, a file call, the session's end) waits
-// for it, so nothing a run left behind meets the next one.
+// takes the lock next (the next run; on Docker, where it is the session's
+// only lock, file calls and the session's end too) waits for it, so
+// nothing a run left behind meets the next one.
 type RunLock struct {
 	mu     sync.Mutex
 	check  func() bool
