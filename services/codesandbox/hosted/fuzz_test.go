@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"encoding/base64"
 	"testing"
+
+	"github.com/sandbox-broker/sandbox-broker/services/codesandbox"
 )
 
 // FuzzFrameReader: terminal output from an untrusted VM, cut anywhere,
@@ -16,8 +18,14 @@ func FuzzFrameReader(f *testing.F) {
 	f.Add([]byte("\n\n"), []byte(""), 100)
 	f.Fuzz(func(t *testing.T, data, noise []byte, cut int) {
 		line := "SBX1 O " + base64.StdEncoding.EncodeToString(data) + "\r\n"
-		noise = bytes.ReplaceAll(noise, []byte(framePrefix), nil) // only the helper writes frames
-		stream := string(bytes.ReplaceAll(noise, []byte("\n"), []byte(" "))) + "\n" + line + string(noise)
+		noise = bytes.ReplaceAll(noise, []byte(framePrefix), nil)
+		head := bytes.ReplaceAll(noise, []byte("\n"), []byte(" "))
+		if bytes.Contains(codesandbox.CleanOutput(head), []byte(framePrefix)) {
+			// Only the helper writes frames: noise that still reads as one
+			// (the removal or an escape sequence joined its parts) is out.
+			return
+		}
+		stream := string(head) + "\n" + line + string(noise)
 		if cut < 0 {
 			cut = -cut
 		}
