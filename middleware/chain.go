@@ -72,10 +72,11 @@ type call struct {
 	panicked any            // a panic of BesideOutcome's work
 }
 
-// BesideOutcome runs f while the call's outcome row is written, and the
-// call's answer waits for it: for work the answer does not show but the
-// caller may read next, such as charging a run's time (get_usage then
-// shows it). Outside the chain it runs f at once.
+// BesideOutcome starts f in the background, beside the rest of the
+// handler and the call's outcome row, and the call's answer waits for it:
+// for work the answer does not show but the caller may read next, such as
+// charging a run's time (get_usage then shows it). Outside the chain it
+// runs f at once.
 func BesideOutcome(ctx context.Context, f func()) {
 	c, ok := ctx.Value(callKey{}).(*call)
 	if !ok {
